@@ -1,0 +1,111 @@
+package tensor
+
+import "fmt"
+
+// Strided is a box walked in destination row-major order: for each dimension its length, and the
+// byte distance one step along it moves in the source and in the destination. Steps are never
+// negative; a zero source stride broadcasts.
+type Strided struct {
+	Lengths []int64
+	Src     []int64
+	Dst     []int64
+}
+
+// Simplify drops dimensions of length one and merges each dimension into the one outside it when
+// both source and destination are contiguous across the pair, as NumPy's and PyTorch's iterators
+// do: a row-major copy becomes one run, a transpose keeps two dimensions.
+func (s Strided) Simplify() Strided {
+	var out Strided
+	for i, n := range s.Lengths {
+		if n == 1 {
+			continue
+		}
+		last := len(out.Lengths) - 1
+		if last >= 0 && out.Src[last] == s.Src[i]*n && out.Dst[last] == s.Dst[i]*n {
+			out.Lengths[last] *= n
+			out.Src[last], out.Dst[last] = s.Src[i], s.Dst[i]
+			continue
+		}
+		out.Lengths = append(out.Lengths, n)
+		out.Src = append(out.Src, s.Src[i])
+		out.Dst = append(out.Dst, s.Dst[i])
+	}
+	return out
+}
+
+// Source holds the source bytes a copy reads: Slice returns the n bytes at file offset off when one
+// buffer holds them all, and nil otherwise.
+type Source interface {
+	Slice(off, n int64) []byte
+}
+
+// Copy runs p over every element of s (simplified), reading from src at file offset srcOff and
+// writing into dst. Each innermost run is one call of p.Run when one buffer holds the run's source
+// bytes, so a contiguous copy is a single copy() and a stride or a transpose is a tight loop.
+func Copy(p *Pipeline, dst []byte, src Source, srcOff int64, s Strided) error {
+	srcSize, dstSize := int64(p.src.Size()), int64(p.dst.Size())
+	dims := len(s.Lengths)
+	if dims == 0 { // a single element
+		s = Strided{Lengths: []int64{1}, Src: []int64{srcSize}, Dst: []int64{dstSize}}
+		dims = 1
+	}
+	inner := dims - 1
+	n, ss, ds := s.Lengths[inner], s.Src[inner], s.Dst[inner]
+	idx := make([]int64, inner)
+	var srcAt, dstAt int64
+	for {
+		span := (n-1)*ss + srcSize
+		if b := src.Slice(srcOff+srcAt, span); b != nil {
+			p.Run(dst[dstAt:], int(ds), b, int(ss), int(n))
+		} else {
+			for i := range n { // the run's elements lie in different buffers
+				b := src.Slice(srcOff+srcAt+i*ss, srcSize)
+				if b == nil {
+					return fmt.Errorf("source bytes at offset %d were not read", srcOff+srcAt+i*ss)
+				}
+				p.Run(dst[dstAt+i*ds:], int(ds), b, int(ss), 1)
+			}
+		}
+		// Advance the odometer over the outer dimensions.
+		d := inner - 1
+		for ; d >= 0; d-- {
+			idx[d]++
+			srcAt += s.Src[d]
+			dstAt += s.Dst[d]
+			if idx[d] < s.Lengths[d] {
+				break
+			}
+			srcAt -= s.Src[d] * s.Lengths[d]
+			dstAt -= s.Dst[d] * s.Lengths[d]
+			idx[d] = 0
+		}
+		if d < 0 {
+			return nil
+		}
+	}
+}
+
+// Fill writes pattern (one encoded element) over all of dst.
+func Fill(dst, pattern []byte) {
+	if len(dst) == 0 {
+		return
+	}
+	n := copy(dst, pattern)
+	for n < len(dst) {
+		n += copy(dst[n:], dst[:n])
+	}
+}
+
+// BytesSource is a Source over one buffer that starts at file offset Off.
+type BytesSource struct {
+	Off  int64
+	Data []byte
+}
+
+// Slice implements Source.
+func (b BytesSource) Slice(off, n int64) []byte {
+	if off < b.Off || off+n > b.Off+int64(len(b.Data)) {
+		return nil
+	}
+	return b.Data[off-b.Off : off-b.Off+n]
+}

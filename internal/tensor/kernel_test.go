@@ -1,0 +1,108 @@
+package tensor
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+func TestSimplifyMergesContiguousDims(t *testing.T) {
+	// A row-major 4x8 F32 copy is one run of 32 elements.
+	s := Strided{Lengths: []int64{4, 8}, Src: []int64{32, 4}, Dst: []int64{32, 4}}.Simplify()
+	if !slices.Equal(s.Lengths, []int64{32}) || s.Src[0] != 4 || s.Dst[0] != 4 {
+		t.Errorf("row-major copy: %+v", s)
+	}
+	// A transpose keeps both dims.
+	s = Strided{Lengths: []int64{3, 2}, Src: []int64{4, 12}, Dst: []int64{8, 4}}.Simplify()
+	if len(s.Lengths) != 2 {
+		t.Errorf("transpose: %+v", s)
+	}
+	// Length-one dims vanish; a slab of whole rows inside a wider destination merges.
+	s = Strided{Lengths: []int64{1, 5, 1, 6}, Src: []int64{0, 12, 99, 2}, Dst: []int64{0, 12, 7, 2}}.Simplify()
+	if !slices.Equal(s.Lengths, []int64{30}) {
+		t.Errorf("slab: %+v", s)
+	}
+}
+
+// Copy against an element-by-element walk, over random strides, over one buffer or split buffers.
+func TestCopyMatchesElementwise(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for iter := range 500 {
+		dims := r.IntN(4)
+		s := Strided{}
+		for range dims {
+			s.Lengths = append(s.Lengths, 1+r.Int64N(5))
+		}
+		// Destination row-major; source strides random multiples of the element (0 = broadcast).
+		size := int64(2)
+		dstStride := size
+		s.Dst = make([]int64, dims)
+		s.Src = make([]int64, dims)
+		for d := dims - 1; d >= 0; d-- {
+			s.Dst[d] = dstStride
+			dstStride *= s.Lengths[d]
+			s.Src[d] = size * r.Int64N(7)
+		}
+		var span int64 = size
+		for d := range dims {
+			span += (s.Lengths[d] - 1) * s.Src[d]
+		}
+		src := make([]byte, span+100)
+		for i := range src {
+			src[i] = byte(r.IntN(256))
+		}
+		const off = 1000
+		want := make([]byte, dstStride)
+		var walk func(d int, so, do int64)
+		walk = func(d int, so, do int64) {
+			if d == dims {
+				copy(want[do:do+size], src[so:so+size])
+				return
+			}
+			for i := range s.Lengths[d] {
+				walk(d+1, so+i*s.Src[d], do+i*s.Dst[d])
+			}
+		}
+		walk(0, 0, 0)
+		p, _ := NewPipeline(BF16, nil, BF16)
+		for _, source := range []Source{BytesSource{Off: off, Data: src}, splitSource(off, src, 3)} {
+			got := make([]byte, dstStride)
+			if err := Copy(p, got, source, off, s.Simplify()); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("iter %d %+v: got %v want %v", iter, s, got, want)
+			}
+		}
+	}
+}
+
+// splitSource cuts a buffer into pieces of a few whole elements, so runs cross buffers and Copy
+// falls back to element lookups.
+func splitSource(off int64, data []byte, elems int) Source {
+	var parts multiSource
+	n := 2 * elems
+	for i := 0; i < len(data); i += n {
+		parts = append(parts, BytesSource{Off: off + int64(i), Data: data[i:min(len(data), i+n)]})
+	}
+	return parts
+}
+
+type multiSource []BytesSource
+
+func (m multiSource) Slice(off, n int64) []byte {
+	for _, p := range m {
+		if b := p.Slice(off, n); b != nil {
+			return b
+		}
+	}
+	return nil
+}
+
+func TestFill(t *testing.T) {
+	b := make([]byte, 11)
+	Fill(b, []byte{1, 2})
+	if !slices.Equal(b, []byte{1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1}) {
+		t.Errorf("%v", b)
+	}
+}

@@ -1,0 +1,459 @@
+package tensor
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// OpKind names a post op of DESIGN §3.
+type OpKind uint8
+
+// The post ops.
+const (
+	OpNeg OpKind = iota + 1
+	OpMul
+	OpAdd
+	OpExp
+	OpCast
+)
+
+var opNames = map[string]OpKind{"neg": OpNeg, "mul": OpMul, "add": OpAdd, "exp": OpExp, "cast": OpCast}
+
+// ParseOpKind reads an op name of the wire contract.
+func ParseOpKind(name string) (OpKind, bool) {
+	k, ok := opNames[name]
+	return k, ok
+}
+
+func (k OpKind) String() string {
+	for n, v := range opNames {
+		if v == k {
+			return n
+		}
+	}
+	return fmt.Sprintf("OpKind(%d)", uint8(k))
+}
+
+// Op is one elementwise post op: Value is the operand of mul and add, DType the target of cast.
+type Op struct {
+	Kind  OpKind
+	Value float64
+	DType DType
+}
+
+// PipelineError says which step of a pipeline is impossible: Op is the index of the post op, or -1
+// for the final conversion into the destination dtype.
+type PipelineError struct {
+	Op  int
+	Msg string
+}
+
+func (e *PipelineError) Error() string { return e.Msg }
+
+// kind is how values are held while a pipeline works on them.
+type kind uint8
+
+const (
+	kindF32 kind = iota // F16, BF16, F32 and decoded FP8, rounded to the working dtype after each op
+	kindF64
+	kindI64 // signed integers
+	kindU64 // unsigned integers and BOOL
+)
+
+func kindOf(d DType) kind {
+	switch {
+	case d == F64:
+		return kindF64
+	case d.IsFloat():
+		return kindF32
+	case d.isSigned():
+		return kindI64
+	}
+	return kindU64
+}
+
+type step struct {
+	op    OpKind
+	to    DType   // working dtype after the step
+	round DType   // for kindF32 steps: the dtype results are rounded to
+	v32   float32 // operand rounded to the working dtype
+	v64   float64
+}
+
+// Pipeline moves elements of one dtype into another through post ops: it decodes the source
+// value, applies each op in the working dtype, and converts the result as PyTorch's copy_ does.
+// A Pipeline is immutable and safe for concurrent use.
+type Pipeline struct {
+	src, dst DType
+	steps    []step // the ops, then a cast to dst
+	identity bool   // same dtype and no ops: a byte copy
+}
+
+// NewPipeline checks src → ops → dst against DESIGN §3 and compiles it.
+func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
+	p := &Pipeline{src: src, dst: dst, identity: src == dst && len(ops) == 0}
+	work := src
+	if work.IsFP8() {
+		work = F32 // no arithmetic in FP8
+	}
+	for i, op := range ops {
+		switch op.Kind {
+		case OpNeg, OpMul, OpAdd, OpExp:
+			if !work.IsFloat() {
+				return nil, &PipelineError{i, fmt.Sprintf("%s needs a float working dtype, the values are %s here: cast them first", op.Kind, work)}
+			}
+			s := step{op: op.Kind, to: work, round: work, v64: op.Value}
+			if work != F64 {
+				s.v32 = roundTo(work, float32(op.Value))
+			}
+			p.steps = append(p.steps, s)
+		case OpCast:
+			if !op.DType.valid() {
+				return nil, &PipelineError{i, "cast needs a dtype"}
+			}
+			if !CanConvert(work, op.DType) {
+				return nil, &PipelineError{i, fmt.Sprintf("cannot cast %s to %s: only float to float, integer or BOOL to float, and lossless integer widening are allowed", work, op.DType)}
+			}
+			p.steps = append(p.steps, step{op: OpCast, to: op.DType, round: op.DType})
+			work = op.DType
+			if work.IsFP8() {
+				work = F32
+			}
+		default:
+			return nil, &PipelineError{i, fmt.Sprintf("unknown op %d", op.Kind)}
+		}
+	}
+	if !CanConvert(work, dst) {
+		return nil, &PipelineError{-1, fmt.Sprintf("cannot convert %s to %s: only float to float, integer or BOOL to float, and lossless integer widening are allowed", work, dst)}
+	}
+	p.steps = append(p.steps, step{op: OpCast, to: dst, round: dst})
+	return p, nil
+}
+
+// batchLen is how many elements one pass of the pipeline works on; the scratch lives on the stack.
+const batchLen = 256
+
+type batch struct {
+	f32 [batchLen]float32
+	f64 [batchLen]float64
+	i64 [batchLen]int64
+	u64 [batchLen]uint64
+}
+
+// Run converts n elements: element i is read at src[i*srcStride:] and written at dst[i*dstStride:].
+func (p *Pipeline) Run(dst []byte, dstStride int, src []byte, srcStride int, n int) {
+	size := p.src.Size()
+	if p.identity {
+		if srcStride == size && dstStride == size {
+			copy(dst[:n*size], src[:n*size])
+			return
+		}
+		copyElements(dst, dstStride, src, srcStride, n, size)
+		return
+	}
+	var b batch
+	for n > 0 {
+		m := min(n, batchLen)
+		k := decode(&b, p.src, src, srcStride, m)
+		for _, s := range p.steps {
+			k = s.apply(&b, k, m)
+		}
+		encode(&b, p.dst, dst, dstStride, m)
+		n -= m
+		src = src[min(len(src), m*srcStride):]
+		dst = dst[min(len(dst), m*dstStride):]
+	}
+}
+
+// Identity reports a pipeline that only copies bytes.
+func (p *Pipeline) Identity() bool { return p.identity }
+
+func copyElements(dst []byte, dstStride int, src []byte, srcStride int, n, size int) {
+	switch size {
+	case 1:
+		for i := range n {
+			dst[i*dstStride] = src[i*srcStride]
+		}
+	case 2:
+		for i := range n {
+			binary.LittleEndian.PutUint16(dst[i*dstStride:], binary.LittleEndian.Uint16(src[i*srcStride:]))
+		}
+	case 4:
+		for i := range n {
+			binary.LittleEndian.PutUint32(dst[i*dstStride:], binary.LittleEndian.Uint32(src[i*srcStride:]))
+		}
+	default:
+		for i := range n {
+			binary.LittleEndian.PutUint64(dst[i*dstStride:], binary.LittleEndian.Uint64(src[i*srcStride:]))
+		}
+	}
+}
+
+func decode(b *batch, d DType, src []byte, stride, n int) kind {
+	le := binary.LittleEndian
+	switch d {
+	case F32:
+		for i := range n {
+			b.f32[i] = math.Float32frombits(le.Uint32(src[i*stride:]))
+		}
+	case BF16:
+		for i := range n {
+			b.f32[i] = math.Float32frombits(uint32(le.Uint16(src[i*stride:])) << 16)
+		}
+	case F16:
+		for i := range n {
+			b.f32[i] = F32FromF16(le.Uint16(src[i*stride:]))
+		}
+	case F8E4M3:
+		for i := range n {
+			b.f32[i] = e4m3Table[src[i*stride]]
+		}
+	case F8E5M2:
+		for i := range n {
+			b.f32[i] = e5m2Table[src[i*stride]]
+		}
+	case F64:
+		for i := range n {
+			b.f64[i] = math.Float64frombits(le.Uint64(src[i*stride:]))
+		}
+	case I8:
+		for i := range n {
+			b.i64[i] = int64(int8(src[i*stride]))
+		}
+	case I16:
+		for i := range n {
+			b.i64[i] = int64(int16(le.Uint16(src[i*stride:])))
+		}
+	case I32:
+		for i := range n {
+			b.i64[i] = int64(int32(le.Uint32(src[i*stride:])))
+		}
+	case I64:
+		for i := range n {
+			b.i64[i] = int64(le.Uint64(src[i*stride:]))
+		}
+	case BOOL:
+		for i := range n {
+			b.u64[i] = 0
+			if src[i*stride] != 0 {
+				b.u64[i] = 1
+			}
+		}
+	case U8:
+		for i := range n {
+			b.u64[i] = uint64(src[i*stride])
+		}
+	case U16:
+		for i := range n {
+			b.u64[i] = uint64(le.Uint16(src[i*stride:]))
+		}
+	case U32:
+		for i := range n {
+			b.u64[i] = uint64(le.Uint32(src[i*stride:]))
+		}
+	case U64:
+		for i := range n {
+			b.u64[i] = le.Uint64(src[i*stride:])
+		}
+	}
+	return kindOf(d)
+}
+
+// apply runs one step over the batch held in kind k and returns the kind it leaves the values in.
+func (s step) apply(b *batch, k kind, n int) kind {
+	if s.op != OpCast {
+		if k == kindF64 {
+			applyF64(s, b.f64[:n])
+		} else {
+			applyF32(s, b.f32[:n])
+		}
+		return k
+	}
+	to := kindOf(s.to)
+	switch {
+	case k == kindF32 && to == kindF32:
+		if s.round != F32 {
+			for i, x := range b.f32[:n] {
+				b.f32[i] = roundTo(s.round, x)
+			}
+		}
+	case k == kindF32 && to == kindF64:
+		for i, x := range b.f32[:n] {
+			b.f64[i] = float64(x)
+		}
+	case k == kindF64 && to == kindF32: // through float32 first, as c10's narrow types are built
+		for i, x := range b.f64[:n] {
+			b.f32[i] = roundTo(s.round, float32(x))
+		}
+	case k == kindI64 && to == kindF32:
+		for i, x := range b.i64[:n] {
+			b.f32[i] = roundTo(s.round, float32(x))
+		}
+	case k == kindI64 && to == kindF64:
+		for i, x := range b.i64[:n] {
+			b.f64[i] = float64(x)
+		}
+	case k == kindU64 && to == kindF32:
+		for i, x := range b.u64[:n] {
+			b.f32[i] = roundTo(s.round, float32(x))
+		}
+	case k == kindU64 && to == kindF64:
+		for i, x := range b.u64[:n] {
+			b.f64[i] = float64(x)
+		}
+	case k == kindU64 && to == kindI64: // BOOL to a signed integer
+		for i, x := range b.u64[:n] {
+			b.i64[i] = int64(x)
+		}
+	}
+	return to
+}
+
+func applyF32(s step, xs []float32) {
+	switch s.op {
+	case OpNeg:
+		for i, x := range xs {
+			xs[i] = -x
+		}
+	case OpMul:
+		for i, x := range xs {
+			xs[i] = roundTo(s.round, x*s.v32)
+		}
+	case OpAdd:
+		for i, x := range xs {
+			xs[i] = roundTo(s.round, x+s.v32)
+		}
+	case OpExp:
+		for i, x := range xs {
+			xs[i] = roundTo(s.round, float32(math.Exp(float64(x))))
+		}
+	}
+}
+
+func applyF64(s step, xs []float64) {
+	switch s.op {
+	case OpNeg:
+		for i, x := range xs {
+			xs[i] = -x
+		}
+	case OpMul:
+		for i, x := range xs {
+			xs[i] = x * s.v64
+		}
+	case OpAdd:
+		for i, x := range xs {
+			xs[i] = x + s.v64
+		}
+	case OpExp:
+		for i, x := range xs {
+			xs[i] = math.Exp(x)
+		}
+	}
+}
+
+// encode stores the batch, already cast to d, into dst.
+func encode(b *batch, d DType, dst []byte, stride, n int) {
+	le := binary.LittleEndian
+	switch d {
+	case F32:
+		for i := range n {
+			le.PutUint32(dst[i*stride:], math.Float32bits(b.f32[i]))
+		}
+	case BF16:
+		for i := range n {
+			le.PutUint16(dst[i*stride:], BF16FromF32(b.f32[i]))
+		}
+	case F16:
+		for i := range n {
+			le.PutUint16(dst[i*stride:], F16FromF32(b.f32[i]))
+		}
+	case F8E4M3:
+		for i := range n {
+			dst[i*stride] = E4M3FromF32(b.f32[i])
+		}
+	case F8E5M2:
+		for i := range n {
+			dst[i*stride] = E5M2FromF32(b.f32[i])
+		}
+	case F64:
+		for i := range n {
+			le.PutUint64(dst[i*stride:], math.Float64bits(b.f64[i]))
+		}
+	case I8:
+		for i := range n {
+			dst[i*stride] = byte(b.i64[i])
+		}
+	case I16:
+		for i := range n {
+			le.PutUint16(dst[i*stride:], uint16(b.i64[i]))
+		}
+	case I32:
+		for i := range n {
+			le.PutUint32(dst[i*stride:], uint32(b.i64[i]))
+		}
+	case I64:
+		for i := range n {
+			le.PutUint64(dst[i*stride:], uint64(b.i64[i]))
+		}
+	case BOOL, U8:
+		for i := range n {
+			dst[i*stride] = byte(b.u64[i])
+		}
+	case U16:
+		for i := range n {
+			le.PutUint16(dst[i*stride:], uint16(b.u64[i]))
+		}
+	case U32:
+		for i := range n {
+			le.PutUint32(dst[i*stride:], uint32(b.u64[i]))
+		}
+	case U64:
+		for i := range n {
+			le.PutUint64(dst[i*stride:], b.u64[i])
+		}
+	}
+}
+
+// EncodeFill converts a fill value to one element of d: floats round as a float64 value would be
+// copied (through float32 for the narrow types), integers and BOOL need an exact, in-range value.
+func EncodeFill(d DType, v float64) ([]byte, error) {
+	out := make([]byte, d.Size())
+	var b batch
+	switch kindOf(d) {
+	case kindF64:
+		b.f64[0] = v
+	case kindF32:
+		b.f32[0] = roundTo(d, float32(v))
+	default:
+		lo, hi := intRange(d)
+		if v != math.Trunc(v) || v < lo || v > hi {
+			return nil, fmt.Errorf("fill %v is not a value of %s", v, d)
+		}
+		if kindOf(d) == kindI64 {
+			b.i64[0] = int64(v)
+		} else {
+			b.u64[0] = uint64(v)
+		}
+	}
+	encode(&b, d, out, 0, 1)
+	return out, nil
+}
+
+// intRange is the range of an integer dtype as float64s that are exactly representable, so the
+// comparison in EncodeFill is exact (2^63 and 2^64 are excluded by the strict bound below).
+func intRange(d DType) (lo, hi float64) {
+	switch d {
+	case BOOL:
+		return 0, 1
+	case I64:
+		return -(1 << 63), math.Nextafter(1<<63, 0)
+	case U64:
+		return 0, math.Nextafter(1<<64, 0)
+	}
+	bits := 8 * d.Size()
+	if d.isSigned() {
+		return -math.Ldexp(1, bits-1), math.Ldexp(1, bits-1) - 1
+	}
+	return 0, math.Ldexp(1, bits) - 1
+}
