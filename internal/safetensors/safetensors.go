@@ -1,0 +1,278 @@
+// Package safetensors reads and writes the header of a safetensors file strictly: the reader
+// follows the rules of the format and of the reference Rust reader (REFERENCES.md §3), names the
+// file and the tensor in every error, and never allocates more than the header it was handed.
+package safetensors
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"sort"
+	"strconv"
+
+	"github.com/shardsrv/shardsrv/internal/tensor"
+)
+
+// MaxHeaderLen is the reference reader's cap on the JSON header (100 MB).
+const MaxHeaderLen = 100_000_000
+
+// PrefixLen is the size of the little-endian header length that starts every file.
+const PrefixLen = 8
+
+// bitSizes lists every dtype safetensors knows, with its size in bits. Dtypes outside the wire
+// contract still count for the layout checks, so a file holding them is described, not refused.
+var bitSizes = map[string]int64{
+	"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
+	"F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+	"I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+}
+
+// Tensor is one entry of a header. Begin and End are absolute offsets in the file.
+type Tensor struct {
+	Name      string
+	DTypeName string
+	DType     tensor.DType // zero when DTypeName is outside the wire contract
+	Shape     []int64
+	Begin     int64
+	End       int64
+}
+
+// Header is a parsed, validated header.
+type Header struct {
+	Tensors  []Tensor // sorted by offset
+	Metadata map[string]string
+	// DataStart is the file offset of the byte buffer.
+	DataStart int64
+}
+
+// Error is a malformed file: it names the file and, when one is at fault, the tensor.
+type Error struct {
+	File   string
+	Tensor string
+	Msg    string
+}
+
+func (e *Error) Error() string {
+	if e.Tensor != "" {
+		return fmt.Sprintf("%s: tensor %q: %s", e.File, e.Tensor, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", e.File, e.Msg)
+}
+
+// HeaderLen validates the 8-byte prefix of a file of fileSize bytes and returns the JSON length.
+func HeaderLen(file string, prefix []byte, fileSize int64) (int64, error) {
+	if len(prefix) < PrefixLen || fileSize < PrefixLen {
+		return 0, &Error{File: file, Msg: "is not a safetensors file: it is shorter than the 8-byte header length"}
+	}
+	n := binary.LittleEndian.Uint64(prefix)
+	if n > MaxHeaderLen {
+		return 0, &Error{File: file, Msg: fmt.Sprintf("header length %d exceeds the 100 MB limit", n)}
+	}
+	if int64(n) > fileSize-PrefixLen {
+		return 0, &Error{File: file, Msg: fmt.Sprintf("is not a safetensors file: it is too short for its header (%d bytes announced, %d in the file)", n, fileSize-PrefixLen)}
+	}
+	return int64(n), nil
+}
+
+// Parse validates the JSON header (the n bytes after the prefix) of a file of fileSize bytes.
+func Parse(file string, header []byte, fileSize int64) (*Header, error) {
+	fail := func(name, format string, args ...any) error {
+		return &Error{File: file, Tensor: name, Msg: fmt.Sprintf(format, args...)}
+	}
+	h := &Header{DataStart: PrefixLen + int64(len(header))}
+	dec := json.NewDecoder(bytes.NewReader(header))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, fail("", "header is not a JSON object")
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fail("", "header is not valid JSON: %v", err)
+		}
+		name := tok.(string)
+		if seen[name] {
+			return nil, fail(name, "is named twice in the header")
+		}
+		seen[name] = true
+		if name == "__metadata__" {
+			if err := dec.Decode(&h.Metadata); err != nil {
+				return nil, fail("", "__metadata__ must map strings to strings: %v", err)
+			}
+			continue
+		}
+		t, err := parseEntry(dec, name)
+		if err != nil {
+			return nil, fail(name, "%v", err)
+		}
+		h.Tensors = append(h.Tensors, t)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, fail("", "header is not valid JSON: %v", err)
+	}
+	if rest, _ := io.ReadAll(dec.Buffered()); len(bytes.TrimSpace(rest)) != 0 {
+		return nil, fail("", "header has bytes after its JSON object")
+	}
+	sort.SliceStable(h.Tensors, func(i, j int) bool { return h.Tensors[i].Begin < h.Tensors[j].Begin })
+	var end int64
+	for i := range h.Tensors {
+		t := &h.Tensors[i]
+		if t.Begin != end || t.End < t.Begin {
+			return nil, fail(t.Name, "data_offsets [%d, %d] leave a hole or overlap another tensor (expected to start at %d)", t.Begin, t.End, end)
+		}
+		nbits, ok := int64(1), true
+		for _, d := range t.Shape {
+			nbits, ok = mulChecked(nbits, d)
+			if !ok {
+				return nil, fail(t.Name, "shape %v overflows", t.Shape)
+			}
+		}
+		if nbits, ok = mulChecked(nbits, bitSizes[t.DTypeName]); !ok {
+			return nil, fail(t.Name, "shape %v overflows", t.Shape)
+		}
+		if nbits%8 != 0 {
+			return nil, fail(t.Name, "shape %v of %s does not fill whole bytes", t.Shape, t.DTypeName)
+		}
+		if t.End-t.Begin != nbits/8 {
+			return nil, fail(t.Name, "data_offsets [%d, %d] hold %d bytes, shape %v of %s needs %d", t.Begin, t.End, t.End-t.Begin, t.Shape, t.DTypeName, nbits/8)
+		}
+		end = t.End
+		t.Begin += h.DataStart
+		t.End += h.DataStart
+	}
+	if h.DataStart+end != fileSize {
+		return nil, fail("", "the tensors cover %d bytes of data but the file holds %d after its header", end, fileSize-h.DataStart)
+	}
+	return h, nil
+}
+
+func parseEntry(dec *json.Decoder, name string) (Tensor, error) {
+	var raw map[string]json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return Tensor{}, fmt.Errorf("entry is not a JSON object: %v", err)
+	}
+	t := Tensor{Name: name}
+	for key := range raw {
+		if key != "dtype" && key != "shape" && key != "data_offsets" {
+			return t, fmt.Errorf("unknown field %q", key)
+		}
+	}
+	if err := json.Unmarshal(raw["dtype"], &t.DTypeName); err != nil || raw["dtype"] == nil {
+		return t, errors.New("needs a string dtype")
+	}
+	if _, ok := bitSizes[t.DTypeName]; !ok {
+		return t, fmt.Errorf("has dtype %q, which is not a safetensors dtype", t.DTypeName)
+	}
+	t.DType, _ = tensor.ParseDType(t.DTypeName)
+	shape, err := intList(raw["shape"])
+	if err != nil || raw["shape"] == nil {
+		return t, errors.New("needs a shape: a list of non-negative integers")
+	}
+	t.Shape = shape
+	offs, err := intList(raw["data_offsets"])
+	if err != nil || len(offs) != 2 {
+		return t, errors.New("needs data_offsets: two non-negative integers")
+	}
+	t.Begin, t.End = offs[0], offs[1]
+	return t, nil
+}
+
+// intList reads a JSON list of non-negative integers that fit in an int64.
+func intList(raw json.RawMessage) ([]int64, error) {
+	var nums []json.Number
+	if err := json.Unmarshal(raw, &nums); err != nil {
+		return nil, err
+	}
+	out := make([]int64, len(nums))
+	for i, n := range nums {
+		v, err := strconv.ParseInt(string(n), 10, 64)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("%s is not a non-negative integer", n)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+func mulChecked(a, b int64) (int64, bool) {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi != 0 || lo > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(lo), true
+}
+
+// Entry is one tensor of a file being written; offsets are relative to the byte buffer.
+type Entry struct {
+	Name        string   `json:"-"`
+	DType       string   `json:"dtype"`
+	Shape       []int64  `json:"shape"`
+	DataOffsets [2]int64 `json:"data_offsets"`
+}
+
+// EncodeHeader returns the 8-byte length and the JSON header, padded with spaces so the byte buffer
+// starts 8-aligned, with the entries in the order given (their data order) after __metadata__.
+func EncodeHeader(entries []Entry, metadata map[string]string) []byte {
+	var buf bytes.Buffer
+	buf.Write(make([]byte, PrefixLen))
+	buf.WriteByte('{')
+	sep := ""
+	if len(metadata) > 0 {
+		m, _ := json.Marshal(metadata)
+		buf.WriteString(`"__metadata__":`)
+		buf.Write(m)
+		sep = ","
+	}
+	for _, e := range entries {
+		if e.Shape == nil {
+			e.Shape = []int64{}
+		}
+		name, _ := json.Marshal(e.Name)
+		body, _ := json.Marshal(e)
+		buf.WriteString(sep)
+		buf.Write(name)
+		buf.WriteByte(':')
+		buf.Write(body)
+		sep = ","
+	}
+	buf.WriteByte('}')
+	for buf.Len()%8 != 0 {
+		buf.WriteByte(' ')
+	}
+	out := buf.Bytes()
+	binary.LittleEndian.PutUint64(out, uint64(len(out)-PrefixLen))
+	return out
+}
+
+// TensorData is a tensor to write: its bytes are already in dtype, row-major, little-endian.
+type TensorData struct {
+	Name  string
+	DType string
+	Shape []int64
+	Data  []byte
+}
+
+// Write writes a whole safetensors file.
+func Write(w io.Writer, tensors []TensorData, metadata map[string]string) error {
+	entries := make([]Entry, len(tensors))
+	var off int64
+	for i, t := range tensors {
+		entries[i] = Entry{Name: t.Name, DType: t.DType, Shape: t.Shape, DataOffsets: [2]int64{off, off + int64(len(t.Data))}}
+		off += int64(len(t.Data))
+	}
+	if _, err := w.Write(EncodeHeader(entries, metadata)); err != nil {
+		return err
+	}
+	for _, t := range tensors {
+		if _, err := w.Write(t.Data); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,60 @@
+// Package store is where checkpoint files are read from: the Store interface every backend
+// implements, the sentinel errors backends map their failures to, key validation, and the
+// local-directory store that is shardsrv's embedded default.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Store reads files (objects) by key. Implementations are safe for concurrent use.
+type Store interface {
+	// Stat returns the size and version of a file.
+	Stat(ctx context.Context, key string) (Info, error)
+	// ReadAt fills all of p with the bytes of key at off, or fails: it never returns partial data
+	// and does not keep p. A non-empty version must match the file's, else ErrChanged.
+	ReadAt(ctx context.Context, key, version string, p []byte, off int64) error
+	// List returns the keys under prefix (a folder, "" for the root), recursively, sorted.
+	List(ctx context.Context, prefix string) ([]string, error)
+	// Check reports whether the store is reachable.
+	Check(ctx context.Context) error
+	// String names the store in logs and problems, without secrets.
+	String() string
+}
+
+// Info describes a file.
+type Info struct {
+	Size int64
+	// Version changes whenever the file's content may have: an ETag, or size and mtime locally.
+	Version string
+}
+
+// The sentinels every backend maps its failures to; the HTTP layer maps them to statuses.
+var (
+	ErrNotFound   = errors.New("not found")
+	ErrOutOfRange = errors.New("read past the end of the file")
+	ErrChanged    = errors.New("file changed while it was being read")
+	ErrInvalidKey = errors.New("invalid key")
+)
+
+// ValidateKey accepts relative paths of non-empty segments of [A-Za-z0-9._-] other than "." and
+// "..": nothing a client sends can name a file outside the store root.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	}
+	for _, seg := range strings.Split(key, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return fmt.Errorf("%w %q: segments must be non-empty names, not '.' or '..'", ErrInvalidKey, key)
+		}
+		for _, c := range seg {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+				return fmt.Errorf("%w %q: only letters, digits, '.', '_' and '-' are allowed in a segment", ErrInvalidKey, key)
+			}
+		}
+	}
+	return nil
+}
