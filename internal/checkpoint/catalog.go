@@ -1,0 +1,273 @@
+// Package checkpoint is the catalog: it resolves a checkpoint name to its files
+// (model.safetensors.index.json's weight_map, or a single model.safetensors) and their tensors,
+// reading only the header bytes of each file, and caches what it read per file version.
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// The files that make a folder a checkpoint.
+const (
+	IndexFile  = "model.safetensors.index.json"
+	SingleFile = "model.safetensors"
+)
+
+// maxIndexLen bounds the index JSON we read (DeepSeek-V3's is about 9 MB).
+const maxIndexLen = 64 << 20
+
+// speculativeRead is the first read of a file: it usually holds the whole header, so a header costs
+// one request, at most two.
+const speculativeRead = 64 << 10
+
+// ErrNotFound is an unknown checkpoint.
+var ErrNotFound = errors.New("unknown checkpoint")
+
+// Error is a checkpoint that cannot be served as it is stored: a malformed index or file, or a
+// tensor in two files. It names the file and, where one is at fault, the tensor.
+type Error struct{ Msg string }
+
+func (e *Error) Error() string { return e.Msg }
+
+// Tensor is a checkpoint tensor and where its bytes are.
+type Tensor struct {
+	safetensors.Tensor
+	// Key is the store key of the file holding the tensor; Version the file version its header
+	// was read at, which every read of its data must match.
+	Key     string
+	Version string
+}
+
+// Checkpoint is a resolved checkpoint.
+type Checkpoint struct {
+	Name    string
+	Tensors map[string]*Tensor
+}
+
+// Names returns the tensor names, sorted.
+func (c *Checkpoint) Names() []string {
+	names := make([]string, 0, len(c.Tensors))
+	for n := range c.Tensors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Catalog resolves checkpoints over a store.
+type Catalog struct {
+	store   store.Store
+	group   singleflight.Group
+	headers *lru.Cache[string, *safetensors.Header] // by key + "@" + version
+	opened  *lru.Cache[string, *opened]            // by checkpoint name
+}
+
+type opened struct {
+	rootVersion string // version of the index (or of model.safetensors)
+	ckpt        *Checkpoint
+}
+
+// New returns a catalog over s.
+func New(s store.Store) *Catalog {
+	headers, _ := lru.New[string, *safetensors.Header](4096)
+	ckpts, _ := lru.New[string, *opened](256)
+	return &Catalog{store: s, headers: headers, opened: ckpts}
+}
+
+// Store is the store the catalog reads.
+func (c *Catalog) Store() store.Store { return c.store }
+
+// Open resolves a checkpoint. One Stat of its index (or single file) per call checks that the
+// cached resolution is current; a shard file replaced since is caught by the version every data
+// read carries, and Forget drops the stale resolution.
+func (c *Catalog) Open(ctx context.Context, name string) (*Checkpoint, error) {
+	if err := store.ValidateKey(name); err != nil {
+		return nil, err
+	}
+	rootKey, rootInfo, indexed, err := c.root(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if o, ok := c.opened.Get(name); ok && o.rootVersion == rootInfo.Version {
+		return o.ckpt, nil
+	}
+	v, err, _ := c.group.Do(name+"@"+rootInfo.Version, func() (any, error) {
+		ckpt, err := c.load(context.WithoutCancel(ctx), name, rootKey, rootInfo, indexed)
+		if err != nil {
+			return nil, err
+		}
+		c.opened.Add(name, &opened{rootVersion: rootInfo.Version, ckpt: ckpt})
+		return ckpt, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Checkpoint), nil
+}
+
+// Forget drops a cached resolution, after a read found one of its files changed.
+func (c *Catalog) Forget(name string) { c.opened.Remove(name) }
+
+func (c *Catalog) root(ctx context.Context, name string) (string, store.Info, bool, error) {
+	for _, f := range []string{IndexFile, SingleFile} {
+		key := name + "/" + f
+		info, err := c.store.Stat(ctx, key)
+		if err == nil {
+			return key, info, f == IndexFile, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return "", store.Info{}, false, err
+		}
+	}
+	return "", store.Info{}, false, fmt.Errorf("%w %q: the folder holds neither %s nor %s", ErrNotFound, name, IndexFile, SingleFile)
+}
+
+func (c *Catalog) load(ctx context.Context, name, rootKey string, rootInfo store.Info, indexed bool) (*Checkpoint, error) {
+	files := map[string][]string{SingleFile: nil} // file → tensors the index puts there
+	versions := map[string]store.Info{name + "/" + SingleFile: rootInfo}
+	if indexed {
+		var err error
+		if files, err = c.readIndex(ctx, rootKey, rootInfo); err != nil {
+			return nil, err
+		}
+		versions = map[string]store.Info{}
+	}
+	names := make([]string, 0, len(files))
+	for f := range files {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	headers := make([]*safetensors.Header, len(names))
+	infos := make([]store.Info, len(names))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for i, f := range names {
+		g.Go(func() error {
+			key := name + "/" + f
+			info, ok := versions[key]
+			if !ok {
+				var err error
+				if info, err = c.store.Stat(gctx, key); err != nil {
+					if errors.Is(err, store.ErrNotFound) {
+						return &Error{fmt.Sprintf("%s names %s, which is missing", rootKey, key)}
+					}
+					return err
+				}
+			}
+			h, err := c.header(gctx, key, info)
+			headers[i], infos[i] = h, info
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	ckpt := &Checkpoint{Name: name, Tensors: map[string]*Tensor{}}
+	for i, f := range names {
+		key := name + "/" + f
+		for _, t := range headers[i].Tensors {
+			if prev, dup := ckpt.Tensors[t.Name]; dup {
+				return nil, &Error{fmt.Sprintf("tensor %q is in two files: %s and %s", t.Name, prev.Key, key)}
+			}
+			ckpt.Tensors[t.Name] = &Tensor{Tensor: t, Key: key, Version: infos[i].Version}
+		}
+		for _, want := range files[f] {
+			if t, ok := ckpt.Tensors[want]; !ok || t.Key != key {
+				return nil, &Error{fmt.Sprintf("%s puts tensor %q in %s, whose header does not hold it", rootKey, want, key)}
+			}
+		}
+	}
+	return ckpt, nil
+}
+
+// readIndex returns the files the weight_map names, each with the tensors it puts there.
+func (c *Catalog) readIndex(ctx context.Context, key string, info store.Info) (map[string][]string, error) {
+	if info.Size > maxIndexLen {
+		return nil, &Error{fmt.Sprintf("%s is %d bytes, more than the %d this service reads", key, info.Size, maxIndexLen)}
+	}
+	buf := make([]byte, info.Size)
+	if err := c.store.ReadAt(ctx, key, info.Version, buf, 0); err != nil {
+		return nil, err
+	}
+	var index struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	if err := json.Unmarshal(buf, &index); err != nil {
+		return nil, &Error{fmt.Sprintf("%s is not valid JSON: %v", key, err)}
+	}
+	if len(index.WeightMap) == 0 {
+		return nil, &Error{fmt.Sprintf("%s has no weight_map: it must map tensor names to file names", key)}
+	}
+	files := map[string][]string{}
+	for tensor, file := range index.WeightMap {
+		if err := store.ValidateKey(file); err != nil {
+			return nil, &Error{fmt.Sprintf("%s puts tensor %q in %q, which is not a file name inside the checkpoint", key, tensor, file)}
+		}
+		files[file] = append(files[file], tensor)
+	}
+	return files, nil
+}
+
+// header returns the parsed header of one file version, reading it in at most two reads.
+func (c *Catalog) header(ctx context.Context, key string, info store.Info) (*safetensors.Header, error) {
+	cacheKey := key + "@" + info.Version
+	if h, ok := c.headers.Get(cacheKey); ok {
+		return h, nil
+	}
+	first := make([]byte, min(info.Size, speculativeRead))
+	if err := c.store.ReadAt(ctx, key, info.Version, first, 0); err != nil {
+		return nil, err
+	}
+	n, err := safetensors.HeaderLen(key, first, info.Size)
+	if err != nil {
+		return nil, &Error{err.Error()}
+	}
+	hdr := first[min(int64(len(first)), safetensors.PrefixLen):min(int64(len(first)), safetensors.PrefixLen+n)]
+	if int64(len(hdr)) < n { // n was checked against the file size, so this allocation is bounded by it
+		rest := make([]byte, n-int64(len(hdr)))
+		if err := c.store.ReadAt(ctx, key, info.Version, rest, int64(len(first))); err != nil {
+			return nil, err
+		}
+		hdr = append(hdr[:len(hdr):len(hdr)], rest...)
+	}
+	h, err := safetensors.Parse(key, hdr, info.Size)
+	if err != nil {
+		return nil, &Error{err.Error()}
+	}
+	c.headers.Add(cacheKey, h)
+	return h, nil
+}
+
+// List returns the names of the checkpoints in the store: every folder holding an index or a
+// single model file.
+func (c *Catalog) List(ctx context.Context) ([]string, error) {
+	keys, err := c.store.List(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, k := range keys {
+		dir, file := path.Split(k)
+		dir = strings.TrimSuffix(dir, "/")
+		if dir != "" && (file == IndexFile || file == SingleFile) && !seen[dir] {
+			seen[dir] = true
+			out = append(out, dir)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
