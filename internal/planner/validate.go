@@ -1,0 +1,387 @@
+package planner
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sort"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/tensor"
+)
+
+// FieldError is one thing wrong with a request, at a JSON pointer into its body.
+type FieldError struct {
+	Pointer string
+	Detail  string
+}
+
+// ValidationError lists what is wrong with a request. Schema is true when any error breaks the
+// schema (a 400); otherwise the request is well-formed but impossible (a 422).
+type ValidationError struct {
+	Schema bool
+	Errors []FieldError
+}
+
+func (e *ValidationError) Error() string {
+	if len(e.Errors) == 0 {
+		return "invalid request"
+	}
+	return fmt.Sprintf("%s: %s (and %d more)", e.Errors[0].Pointer, e.Errors[0].Detail, len(e.Errors)-1)
+}
+
+// maxErrors caps the list a client gets back: enough to fix a table, not a megabyte of problems.
+const maxErrors = 100
+
+type errs struct{ ValidationError }
+
+func (e *errs) schema(ptr, format string, args ...any) {
+	e.Schema = true
+	e.add(ptr, format, args...)
+}
+
+func (e *errs) add(ptr, format string, args ...any) {
+	if len(e.Errors) < maxErrors {
+		e.Errors = append(e.Errors, FieldError{Pointer: ptr, Detail: fmt.Sprintf(format, args...)})
+	}
+}
+
+func (e *errs) ok() bool { return len(e.Errors) == 0 }
+
+// checked int64 arithmetic: any overflow is a 422, never a wraparound.
+func mul(a, b int64) (int64, bool) {
+	if a < 0 || b < 0 {
+		return 0, false
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	return int64(lo), hi == 0 && lo <= math.MaxInt64
+}
+
+func add(a, b int64) (int64, bool) {
+	s := a + b
+	return s, (s >= a) == (b >= 0)
+}
+
+func product(xs []int64) (int64, bool) {
+	p := int64(1)
+	for _, x := range xs {
+		var ok bool
+		if p, ok = mul(p, x); !ok {
+			return 0, false
+		}
+	}
+	return p, true
+}
+
+// tensorSpec is a validated destination tensor.
+type tensorSpec struct {
+	index  int
+	name   string
+	dtype  tensor.DType
+	shape  []int64
+	boxes  []api.Box
+	fill   []byte // the encoded fill element, nil without fill
+	blocks []blockSpec
+}
+
+// blockSpec is a validated block with what planning needs of its source.
+type blockSpec struct {
+	index    int
+	api.Block
+	src      *checkpoint.Tensor
+	pipeline *tensor.Pipeline
+	// srcStrides is the byte stride of one step along each destination dimension in the source
+	// file; zero where the block is one long, so huge unused coefficients cannot overflow.
+	srcStrides []int64
+	// baseOffset is the file offset of the element at base.
+	baseOffset int64
+}
+
+// validate checks a request against DESIGN §2 and the checkpoint, and returns what planning needs.
+func validate(req *api.ShardRequest, ck *checkpoint.Checkpoint) ([]tensorSpec, *ValidationError) {
+	e := &errs{}
+	if req.Format != nil && *req.Format != api.Raw && *req.Format != api.Safetensors {
+		e.schema("/format", "format must be \"raw\" or \"safetensors\", got %q", *req.Format)
+	}
+	if len(req.Tensors) == 0 {
+		e.schema("/tensors", "a request needs at least one tensor")
+	}
+	names := map[string]int{}
+	var specs []tensorSpec
+	for i := range req.Tensors {
+		t := &req.Tensors[i]
+		ptr := fmt.Sprintf("/tensors/%d", i)
+		if prev, dup := names[t.Name]; dup {
+			e.add(ptr+"/name", "tensor %q is already requested at /tensors/%d: names within a request are distinct", t.Name, prev)
+		}
+		names[t.Name] = i
+		if spec, ok := validateTensor(e, ptr, i, t, ck); ok {
+			specs = append(specs, spec)
+		}
+	}
+	if !e.ok() {
+		return nil, &e.ValidationError
+	}
+	return specs, nil
+}
+
+func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *checkpoint.Checkpoint) (tensorSpec, bool) {
+	before := len(e.Errors)
+	spec := tensorSpec{index: index, name: t.Name, shape: t.Shape, boxes: t.Boxes}
+	if t.Name == "" {
+		e.schema(ptr+"/name", "a tensor needs a name")
+	}
+	dtype, ok := tensor.ParseDType(string(t.Dtype))
+	if !ok {
+		e.schema(ptr+"/dtype", "unknown dtype %q", t.Dtype)
+	}
+	spec.dtype = dtype
+	for d, n := range t.Shape {
+		if n < 0 {
+			e.schema(fmt.Sprintf("%s/shape/%d", ptr, d), "dimensions are >= 0")
+		}
+	}
+	if len(e.Errors) > before {
+		return spec, false
+	}
+	if n, ok := product(t.Shape); !ok || n > math.MaxInt64/8 {
+		e.add(ptr+"/shape", "shape %v has more elements than this service can address", t.Shape)
+		return spec, false
+	}
+	if t.Fill != nil {
+		fill, err := tensor.EncodeFill(dtype, *t.Fill)
+		if err != nil {
+			e.add(ptr+"/fill", "%v", err)
+		}
+		spec.fill = fill
+	}
+	if len(t.Boxes) == 0 {
+		e.schema(ptr+"/boxes", "a tensor needs at least one box")
+	}
+	for b, box := range t.Boxes {
+		checkBox(e, fmt.Sprintf("%s/boxes/%d", ptr, b), box.Offsets, box.Lengths, t.Shape)
+	}
+	var blocks []api.Block
+	if t.Blocks != nil {
+		blocks = *t.Blocks
+	}
+	for j := range blocks {
+		if b, ok := validateBlock(e, fmt.Sprintf("%s/blocks/%d", ptr, j), j, &blocks[j], t.Shape, dtype, ck); ok {
+			spec.blocks = append(spec.blocks, b)
+		}
+	}
+	if len(e.Errors) > before {
+		return spec, false
+	}
+	checkOverlaps(e, ptr, spec.blocks)
+	if spec.fill == nil {
+		for b, box := range t.Boxes {
+			if missing := uncovered(box, spec.blocks); missing > 0 {
+				e.add(fmt.Sprintf("%s/boxes/%d", ptr, b), "%d elements of the box are covered by no block and the tensor has no fill", missing)
+			}
+		}
+	}
+	return spec, len(e.Errors) == before
+}
+
+// checkBox checks that offsets and lengths have one entry per dimension, lengths are >= 1, and the
+// box lies inside shape.
+func checkBox(e *errs, ptr string, offsets, lengths, shape []int64) bool {
+	before := len(e.Errors)
+	if len(offsets) != len(shape) || len(lengths) != len(shape) {
+		e.add(ptr, "offsets %v and lengths %v need one entry per dimension of shape %v", offsets, lengths, shape)
+		return false
+	}
+	for d := range shape {
+		switch {
+		case offsets[d] < 0:
+			e.schema(fmt.Sprintf("%s/offsets/%d", ptr, d), "offsets are >= 0")
+		case lengths[d] < 1:
+			e.schema(fmt.Sprintf("%s/lengths/%d", ptr, d), "lengths are >= 1")
+		case offsets[d] > shape[d] || lengths[d] > shape[d]-offsets[d]:
+			e.add(ptr, "[%d, %d) along dimension %d is outside the shape %v", offsets[d], offsets[d]+lengths[d], d, shape)
+		}
+	}
+	return len(e.Errors) == before
+}
+
+func validateBlock(e *errs, ptr string, index int, b *api.Block, shape []int64, dst tensor.DType, ck *checkpoint.Checkpoint) (blockSpec, bool) {
+	before := len(e.Errors)
+	spec := blockSpec{index: index, Block: *b}
+	checkBox(e, ptr, b.Offsets, b.Lengths, shape)
+	var ops []tensor.Op
+	if b.Post != nil {
+		for k, p := range *b.Post {
+			pptr := fmt.Sprintf("%s/post/%d", ptr, k)
+			kind, ok := tensor.ParseOpKind(string(p.Op))
+			op := tensor.Op{Kind: kind}
+			switch {
+			case !ok:
+				e.schema(pptr+"/op", "unknown op %q: one of neg, mul, add, exp, cast", p.Op)
+			case (kind == tensor.OpMul || kind == tensor.OpAdd) && p.Value == nil:
+				e.schema(pptr+"/value", "%s needs a value", p.Op)
+			case kind == tensor.OpCast && p.Dtype == nil:
+				e.schema(pptr+"/dtype", "cast needs a dtype")
+			case kind == tensor.OpCast:
+				if op.DType, ok = tensor.ParseDType(string(*p.Dtype)); !ok {
+					e.schema(pptr+"/dtype", "unknown dtype %q", *p.Dtype)
+				}
+			default:
+				if p.Value != nil {
+					op.Value = *p.Value
+				}
+			}
+			ops = append(ops, op)
+		}
+	}
+	src, ok := ck.Tensors[b.Source]
+	if !ok {
+		e.add(ptr+"/source", "checkpoint %q has no tensor %q", ck.Name, b.Source)
+		return spec, false
+	}
+	spec.src = src
+	if src.DType == 0 {
+		e.add(ptr+"/source", "checkpoint tensor %q has dtype %s, which this service cannot read", b.Source, src.DTypeName)
+	}
+	srank := len(src.Shape)
+	if len(b.Base) != srank {
+		e.add(ptr+"/base", "base needs one entry per dimension of %q, which has shape %v", b.Source, src.Shape)
+	}
+	if len(b.Coeff) != srank {
+		e.add(ptr+"/coeff", "coeff needs one row per dimension of %q, which has shape %v", b.Source, src.Shape)
+	}
+	for s, row := range b.Coeff {
+		if len(row) != len(shape) {
+			e.add(fmt.Sprintf("%s/coeff/%d", ptr, s), "each coeff row needs one step per destination dimension (%d)", len(shape))
+		}
+		for a, c := range row {
+			if c < 0 {
+				e.schema(fmt.Sprintf("%s/coeff/%d/%d", ptr, s, a), "steps are >= 0")
+			}
+		}
+	}
+	for s, x := range b.Base {
+		if x < 0 {
+			e.schema(fmt.Sprintf("%s/base/%d", ptr, s), "base entries are >= 0")
+		}
+	}
+	if len(e.Errors) > before {
+		return spec, false
+	}
+	// The last element the block reads along each source dimension must be inside the tensor.
+	for s := range srank {
+		last, ok := b.Base[s], true
+		for a, c := range b.Coeff[s] {
+			var step int64
+			if step, ok = mul(c, b.Lengths[a]-1); !ok {
+				break
+			}
+			if last, ok = add(last, step); !ok {
+				break
+			}
+		}
+		if !ok || last >= src.Shape[s] {
+			e.add(ptr, "the block reads past the end of checkpoint tensor %q: dimension %d has size %d, the block reaches index %s", b.Source, s, src.Shape[s], reach(ok, last))
+			return spec, false
+		}
+	}
+	if src.DType != 0 {
+		p, err := tensor.NewPipeline(src.DType, ops, dst)
+		if err != nil {
+			pe := err.(*tensor.PipelineError)
+			if pe.Op >= 0 {
+				e.add(fmt.Sprintf("%s/post/%d", ptr, pe.Op), "%s", pe.Msg)
+			} else {
+				e.add(ptr, "%s (source %q to the tensor's dtype)", pe.Msg, b.Source)
+			}
+			return spec, false
+		}
+		spec.pipeline = p
+	}
+	// Byte strides in the source file, per destination dimension.
+	rowStride := make([]int64, srank)
+	stride := int64(src.DType.Size())
+	for s := srank - 1; s >= 0; s-- {
+		rowStride[s] = stride
+		stride *= src.Shape[s]
+	}
+	spec.baseOffset = src.Begin
+	for s := range srank {
+		spec.baseOffset += b.Base[s] * rowStride[s] // base is inside the tensor, so this fits
+	}
+	spec.srcStrides = make([]int64, len(shape))
+	for a := range shape {
+		if b.Lengths[a] == 1 {
+			continue
+		}
+		for s := range srank {
+			spec.srcStrides[a] += b.Coeff[s][a] * rowStride[s] // c < size of dim s, so this fits
+		}
+	}
+	return spec, len(e.Errors) == before
+}
+
+func reach(ok bool, last int64) string {
+	if !ok {
+		return "beyond int64"
+	}
+	return fmt.Sprint(last)
+}
+
+// intersect returns the overlap of two boxes, or ok=false when they do not meet.
+func intersect(ao, al, bo, bl []int64) (off, length []int64, ok bool) {
+	off, length = make([]int64, len(ao)), make([]int64, len(ao))
+	for d := range ao {
+		lo, hi := max(ao[d], bo[d]), min(ao[d]+al[d], bo[d]+bl[d])
+		if lo >= hi {
+			return nil, nil, false
+		}
+		off[d], length[d] = lo, hi-lo
+	}
+	return off, length, true
+}
+
+// checkOverlaps reports blocks of one tensor that share an element. Blocks are swept in order of
+// their start along dimension 0, so disjoint row ranges cost little.
+func checkOverlaps(e *errs, ptr string, blocks []blockSpec) {
+	if len(blocks) < 2 || len(blocks[0].Offsets) == 0 {
+		if len(blocks) >= 2 { // scalars: any two blocks overlap
+			e.add(fmt.Sprintf("%s/blocks/%d", ptr, blocks[1].index), "overlaps block %d", blocks[0].index)
+		}
+		return
+	}
+	order := make([]int, len(blocks))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(x, y int) bool { return blocks[order[x]].Offsets[0] < blocks[order[y]].Offsets[0] })
+	for x, i := range order {
+		bi := &blocks[i]
+		end := bi.Offsets[0] + bi.Lengths[0]
+		for _, j := range order[x+1:] {
+			bj := &blocks[j]
+			if bj.Offsets[0] >= end {
+				break
+			}
+			if _, _, hit := intersect(bi.Offsets, bi.Lengths, bj.Offsets, bj.Lengths); hit {
+				lo, hi := min(bi.index, bj.index), max(bi.index, bj.index)
+				e.add(fmt.Sprintf("%s/blocks/%d", ptr, hi), "overlaps block %d: blocks of one tensor must not share elements", lo)
+				return
+			}
+		}
+	}
+}
+
+// uncovered counts the elements of a box no block covers; blocks do not overlap, so it is the
+// box's volume less the volumes of its overlaps.
+func uncovered(box api.Box, blocks []blockSpec) int64 {
+	total, _ := product(box.Lengths)
+	for _, b := range blocks {
+		if _, l, ok := intersect(box.Offsets, box.Lengths, b.Offsets, b.Lengths); ok {
+			v, _ := product(l)
+			total -= v
+		}
+	}
+	return total
+}
