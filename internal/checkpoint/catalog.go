@@ -72,7 +72,7 @@ type Catalog struct {
 	store   store.Store
 	group   singleflight.Group
 	headers *lru.Cache[string, *safetensors.Header] // by key + "@" + version
-	opened  *lru.Cache[string, *opened]            // by checkpoint name
+	opened  *lru.Cache[string, *opened]             // by checkpoint name
 }
 
 type opened struct {

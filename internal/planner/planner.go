@@ -56,16 +56,17 @@ type Plan struct {
 
 // Item is one box of one tensor, as it appears in the body.
 type Item struct {
-	Tensor   int // index in the request
-	Box      int
-	Name     string // stored name in the safetensors format
-	DType    tensor.DType
-	Offsets  []int64
-	Lengths  []int64
-	Output   int64 // offset in the body
-	Bytes    int64
-	Pieces   []Piece
-	Segments []Segment
+	Tensor     int // index in the request
+	Box        int
+	Name       string // the tensor's name
+	StoredName string // its name in the safetensors format: Name, or Name#box with several boxes
+	DType      tensor.DType
+	Offsets    []int64
+	Lengths    []int64
+	Output     int64 // offset in the body
+	Bytes      int64
+	Pieces     []Piece
+	Segments   []Segment
 }
 
 // Piece is the part of one block inside a box, for the plan report.
@@ -127,7 +128,7 @@ func New(req *api.ShardRequest, ck *checkpoint.Checkpoint, opts Options) (*Plan,
 				name += "#" + strconv.Itoa(b)
 			}
 			n, _ := product(box.Lengths)
-			p.Items = append(p.Items, Item{Tensor: spec.index, Box: b, Name: name, DType: spec.dtype,
+			p.Items = append(p.Items, Item{Tensor: spec.index, Box: b, Name: spec.name, StoredName: name, DType: spec.dtype,
 				Offsets: box.Offsets, Lengths: box.Lengths, Bytes: n * int64(spec.dtype.Size())})
 		}
 	}
@@ -216,13 +217,12 @@ func (p *Plan) layoutSafetensors(req *api.ShardRequest, ckpt string) error {
 	entries := make([]safetensors.Entry, len(p.Items))
 	var off int64
 	for i, it := range p.Items {
-		t := &req.Tensors[it.Tensor]
-		if _, dup := boxes[it.Name]; dup || it.Name == "__metadata__" {
+		if _, dup := boxes[it.StoredName]; dup || it.StoredName == "__metadata__" {
 			return &ValidationError{Errors: []FieldError{{fmt.Sprintf("/tensors/%d/name", it.Tensor),
-				fmt.Sprintf("the safetensors name %q of this box is already taken by another tensor", it.Name)}}}
+				fmt.Sprintf("the safetensors name %q of this box is taken by another tensor or reserved", it.StoredName)}}}
 		}
-		boxes[it.Name] = placement{Tensor: t.Name, Offsets: it.Offsets, Shape: t.Shape}
-		entries[i] = safetensors.Entry{Name: it.Name, DType: it.DType.String(), Shape: it.Lengths, DataOffsets: [2]int64{off, off + it.Bytes}}
+		boxes[it.StoredName] = placement{Tensor: it.Name, Offsets: it.Offsets, Shape: req.Tensors[it.Tensor].Shape}
+		entries[i] = safetensors.Entry{Name: it.StoredName, DType: it.DType.String(), Shape: it.Lengths, DataOffsets: [2]int64{off, off + it.Bytes}}
 		off += it.Bytes
 	}
 	placements, _ := json.Marshal(boxes)

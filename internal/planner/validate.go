@@ -87,7 +87,7 @@ type tensorSpec struct {
 
 // blockSpec is a validated block with what planning needs of its source.
 type blockSpec struct {
-	index    int
+	index int
 	api.Block
 	src      *checkpoint.Tensor
 	pipeline *tensor.Pipeline

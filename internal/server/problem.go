@@ -1,0 +1,86 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// problemType names each kind of problem (RFC 9457 "type"); the URN needs no server to resolve.
+func problemType(slug string) string { return "urn:shardsrv:problem:" + slug }
+
+// Problem is an error with its HTTP face.
+type Problem struct {
+	Status int
+	Slug   string
+	Title  string
+	Detail string
+	Errors []api.FieldError
+	// RetryAfter, in seconds, is sent for 503s.
+	RetryAfter int
+}
+
+func (p *Problem) Error() string { return p.Title + ": " + p.Detail }
+
+// toProblem maps every error the service can meet to its status: the one place sentinels and
+// error types become HTTP.
+func toProblem(err error) *Problem {
+	var p *Problem
+	var verr *planner.ValidationError
+	var cerr *checkpoint.Error
+	switch {
+	case errors.As(err, &p):
+		return p
+	case errors.As(err, &verr):
+		out := &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-request", Title: "The request cannot be served", Detail: verr.Error()}
+		if verr.Schema {
+			out.Status, out.Title = http.StatusBadRequest, "The request does not follow the schema"
+		}
+		for _, fe := range verr.Errors {
+			out.Errors = append(out.Errors, api.FieldError{Pointer: fe.Pointer, Detail: fe.Detail})
+		}
+		return out
+	case errors.Is(err, store.ErrInvalidKey):
+		return &Problem{Status: http.StatusBadRequest, Slug: "invalid-checkpoint-name", Title: "Invalid checkpoint name", Detail: err.Error(),
+			Errors: []api.FieldError{{Pointer: "/checkpoint", Detail: "names are relative paths of [A-Za-z0-9._-] segments; '..' and absolute paths are refused"}}}
+	case errors.Is(err, checkpoint.ErrNotFound):
+		return &Problem{Status: http.StatusNotFound, Slug: "unknown-checkpoint", Title: "Unknown checkpoint", Detail: err.Error()}
+	case errors.As(err, &cerr):
+		return &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-checkpoint", Title: "The checkpoint cannot be served as stored", Detail: err.Error()}
+	case errors.Is(err, store.ErrChanged), errors.Is(err, store.ErrNotFound):
+		return &Problem{Status: http.StatusConflict, Slug: "checkpoint-changed", Title: "A checkpoint file changed while it was read", Detail: err.Error() + "; retry the request"}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &Problem{Status: http.StatusGatewayTimeout, Slug: "timeout", Title: "The store did not answer in time", Detail: err.Error()}
+	}
+	return &Problem{Status: http.StatusBadGateway, Slug: "storage-failure", Title: "The store failed", Detail: err.Error()}
+}
+
+func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
+	body := api.Problem{Type: problemType(p.Slug), Title: p.Title, Status: p.Status}
+	if p.Detail != "" {
+		body.Detail = &p.Detail
+	}
+	if len(p.Errors) > 0 {
+		body.Errors = &p.Errors
+	}
+	instance := r.URL.Path
+	body.Instance = &instance
+	w.Header().Set("Content-Type", "application/problem+json")
+	if p.RetryAfter > 0 {
+		w.Header().Set("Retry-After", fmt.Sprint(p.RetryAfter))
+	}
+	w.WriteHeader(p.Status)
+	json.NewEncoder(w).Encode(body)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
