@@ -664,10 +664,10 @@ var swaggerSpec = []string{
 	"QSt5CLW8RZsETbSiKBe0oZELVZ2Xzf2ZXaKoW0Vc9PQg41+1qeikcE7iAapEcBVt7Kc9YIG9s6ury2FY",
 	"iM8dRjAAbeBwv3ervtTQxpch2aSGPmjW8OiBzEFPl+rkaDzA27Mb7dlXHmJ8Xm6qpUhCR9cGYu641GPw",
 	"2xHfkapX/DDClEoxCZ8KQyBw7vAVyVMuzVIuZGHwVoXdHBFOkCdoLEwJsVjCJnykjQvIKNZKYez823Or",
-	"S3smc7rVTrRxESgCOTA1Wo0DWtgsQzfB3f8LhUjHDt1BAFdNGZYAeiRUuVZeG39a69AGGovCGwSuAmqD",
-	"10GQgwC5CaqXDqFLm4dbBNq6wln8jPI3ePn/ctmtXN74qKq/8MSkMXpAy+SxrJm17cJWEPW+pCFobXiG",
-	"zofRx+9MUDj+XqCP2xLDN3YKzZyJamG2HuWfnrCx15YvW9JpJfQzW5no57T5J4/D/xwxVg1Hp8Brlgq2",
-	"9Au5MhwKI9mQTZzLh/2+1DGXE23d8MXgxYAtPi3+HQAA//8=",
+	"S3smc7rVTrRxESgCOTA1Wo0DWtgsQzfB3f8LhUjHDt1BAFdNGZYAeiRUuVbeGH/qnO5V0qsvDHZk1lrU",
+	"NqBdFF5HcBUgILwOWh0E/E64v/QuXdo83CLQ1n3Q4mfU0sHL/9febrX3xodo/e0pJo05BlrGmGUBrgXl",
+	"VkT2vqQhnG54hs6H0cfvTFA4/l6gj9tyIGgsKJoJGNXCbD3KPz0hSqhtcrak00roZ7Yy0c/BDE8eh/85",
+	"/Ky6l06B1ywVbOm3e2U4FEayIZs4lw/7faljLifauuGLwYsBW3xa/DsAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -1,0 +1,186 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/tensor"
+)
+
+func f32(xs ...float32) []byte {
+	out := make([]byte, 4*len(xs))
+	for i, x := range xs {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
+	}
+	return out
+}
+
+func bf16(xs ...float32) []byte {
+	out := make([]byte, 2*len(xs))
+	for i, x := range xs {
+		binary.LittleEndian.PutUint16(out[2*i:], tensor.BF16FromF32(x))
+	}
+	return out
+}
+
+func arange(lo, n int) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = float32(lo + i)
+	}
+	return out
+}
+
+func readF32(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+// writeCheckpoint writes a single-file checkpoint.
+func writeCheckpoint(t *testing.T, dir, name string, tensors ...safetensors.TensorData) {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := safetensors.Write(&buf, tensors, map[string]string{"format": "pt"}); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(dir, name), 0o755)
+	if err := os.WriteFile(filepath.Join(dir, name, "model.safetensors"), buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// harness is a live server over a local store whose responses are checked against openapi.yaml.
+type harness struct {
+	t      *testing.T
+	dir    string
+	url    string
+	router routers.Router
+}
+
+func newHarness(t *testing.T, opts planner.Options) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(server.Config{
+		Catalog: checkpoint.New(st), Executor: executor.New(st, 3, opts.MaxRead), Planner: opts, MaxBodyBytes: 1 << 20,
+	})
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	spec, err := api.GetSwagger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Servers = openapi3.Servers{{URL: ts.URL}}
+	router, err := gorillamux.NewRouter(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, dir: dir, url: ts.URL, router: router}
+}
+
+type response struct {
+	status  int
+	header  http.Header
+	body    []byte
+	problem api.Problem
+}
+
+// do sends a request and validates the response against the spec.
+func (h *harness) do(method, path string, body any) response {
+	h.t.Helper()
+	var rd io.Reader
+	var raw []byte
+	switch b := body.(type) {
+	case nil:
+	case string:
+		raw = []byte(b)
+	default:
+		raw, _ = json.Marshal(b)
+	}
+	if raw != nil {
+		rd = bytes.NewReader(raw)
+	}
+	req, _ := http.NewRequest(method, h.url+path, rd)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	out := response{status: res.StatusCode, header: res.Header}
+	out.body, err = io.ReadAll(res.Body)
+	if err != nil {
+		h.t.Fatalf("%s %s: reading the body: %v", method, path, err)
+	}
+	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/problem+json") {
+		json.Unmarshal(out.body, &out.problem)
+	}
+	h.validate(req, raw, res, out.body)
+	return out
+}
+
+func (h *harness) validate(req *http.Request, reqBody []byte, res *http.Response, body []byte) {
+	h.t.Helper()
+	route, params, err := h.router.FindRoute(req)
+	if err != nil {
+		if res.StatusCode == http.StatusNotFound || res.StatusCode == http.StatusMethodNotAllowed {
+			return // not a route of the spec, answered as such
+		}
+		h.t.Fatalf("%s %s is not in openapi.yaml: %v", req.Method, req.URL.Path, err)
+	}
+	req.Body = io.NopCloser(bytes.NewReader(reqBody))
+	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route,
+		Options: &openapi3filter.Options{ExcludeRequestBody: true}}
+	err = openapi3filter.ValidateResponse(context.Background(), &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: in, Status: res.StatusCode, Header: res.Header, Body: io.NopCloser(bytes.NewReader(body)),
+		Options: &openapi3filter.Options{IncludeResponseStatus: true},
+	})
+	if err != nil {
+		h.t.Errorf("%s %s: response %d does not match openapi.yaml: %v", req.Method, req.URL.Path, res.StatusCode, err)
+	}
+}
+
+func init() {
+	openapi3filter.RegisterBodyDecoder("application/octet-stream", openapi3filter.FileBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("application/vnd.safetensors", openapi3filter.FileBodyDecoder)
+}
+
+func rowsBlock(src string, start, rows, cols, dstRow int64) api.Block {
+	return api.Block{Offsets: []int64{dstRow, 0}, Lengths: []int64{rows, cols}, Source: src, Base: []int64{start, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}}
+}
+
+func shardReq(ckpt string, tensors ...api.TensorRequest) api.ShardRequest {
+	return api.ShardRequest{Checkpoint: ckpt, Tensors: tensors}
+}
+
+func whole(shape ...int64) []api.Box {
+	return []api.Box{{Offsets: make([]int64, len(shape)), Lengths: shape}}
+}
