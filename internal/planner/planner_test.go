@@ -1,0 +1,244 @@
+package planner
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/tensor"
+)
+
+// testCheckpoint is an in-memory catalog entry: "a" F32 [8,8], "b" BF16 [4,4,4], "s" an I64 scalar,
+// all in one file whose data starts at byte 128.
+func testCheckpoint() *checkpoint.Checkpoint {
+	ck := &checkpoint.Checkpoint{Name: "ck", Tensors: map[string]*checkpoint.Tensor{}}
+	off := int64(128)
+	for _, t := range []struct {
+		name  string
+		dtype tensor.DType
+		shape []int64
+	}{{"a", tensor.F32, []int64{8, 8}}, {"b", tensor.BF16, []int64{4, 4, 4}}, {"s", tensor.I64, nil}} {
+		n := int64(t.dtype.Size())
+		for _, d := range t.shape {
+			n *= d
+		}
+		ck.Tensors[t.name] = &checkpoint.Tensor{Key: "ck/model.safetensors", Version: "v1", Tensor: safetensors.Tensor{
+			Name: t.name, DTypeName: t.dtype.String(), DType: t.dtype, Shape: t.shape, Begin: off, End: off + n}}
+		off += n
+	}
+	return ck
+}
+
+func fileEnd(ck *checkpoint.Checkpoint) int64 {
+	var end int64
+	for _, t := range ck.Tensors {
+		end = max(end, t.End)
+	}
+	return end
+}
+
+// checkInvariants: the body is tiled in order by items and segments, no read leaves the file, and
+// every copy finds all its source bytes in the spans its segment reads.
+func checkInvariants(t *testing.T, p *Plan, ck *checkpoint.Checkpoint) {
+	t.Helper()
+	pos := int64(len(p.Header))
+	end := fileEnd(ck)
+	for _, it := range p.Items {
+		if it.Output != pos {
+			t.Fatalf("item %s starts at %d, want %d", it.StoredName, it.Output, pos)
+		}
+		for _, seg := range it.Segments {
+			if seg.Output != pos {
+				t.Fatalf("segment of %s starts at %d, want %d", it.StoredName, seg.Output, pos)
+			}
+			pos += seg.Bytes
+			for _, list := range [][]Read{seg.Direct, seg.Spans} {
+				for _, r := range list {
+					if r.Offset < 128 || r.Offset+r.Length > end || r.Length <= 0 {
+						t.Fatalf("read %+v leaves the data of the file [128, %d)", r, end)
+					}
+				}
+			}
+			for _, r := range seg.Direct {
+				if r.Dst < 0 || r.Dst+r.Length > seg.Bytes {
+					t.Fatalf("direct read %+v lands outside its segment of %d bytes", r, seg.Bytes)
+				}
+			}
+			var src multi
+			for _, r := range seg.Spans {
+				src = append(src, tensor.BytesSource{Off: r.Offset, Data: make([]byte, r.Length)})
+			}
+			out := make([]byte, seg.Bytes)
+			for _, c := range seg.Copies {
+				if err := tensor.Copy(c.Pipeline, out[c.Dst:], src, c.Src, c.Layout); err != nil {
+					t.Fatalf("copy %+v: %v", c, err)
+				}
+			}
+		}
+		if pos != it.Output+it.Bytes {
+			t.Fatalf("segments of %s cover %d bytes, the box has %d", it.StoredName, pos-it.Output, it.Bytes)
+		}
+	}
+	if pos != p.BodyBytes {
+		t.Fatalf("items end at %d, the body has %d bytes", pos, p.BodyBytes)
+	}
+}
+
+type multi []tensor.BytesSource
+
+func (m multi) Slice(off, n int64) []byte {
+	for _, s := range m {
+		if b := s.Slice(off, n); b != nil {
+			return b
+		}
+	}
+	return nil
+}
+
+var fuzzSeeds = []string{
+	`{"checkpoint":"ck","tensors":[{"name":"t","dtype":"F32","shape":[8,8],"boxes":[{"offsets":[2,0],"lengths":[3,8]}],"blocks":[{"offsets":[0,0],"lengths":[8,8],"source":"a","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
+	`{"checkpoint":"ck","format":"safetensors","tensors":[{"name":"t","dtype":"BF16","shape":[4,4],"fill":1.5,"boxes":[{"offsets":[0,0],"lengths":[4,4]},{"offsets":[1,1],"lengths":[2,2]}],"blocks":[{"offsets":[0,0],"lengths":[2,4],"source":"b","base":[1,0,0],"coeff":[[0,0],[1,0],[0,1]],"post":[{"op":"mul","value":2}]}]}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"s","dtype":"F64","shape":[],"boxes":[{"offsets":[],"lengths":[]}],"blocks":[{"offsets":[],"lengths":[],"source":"s","base":[],"coeff":[]}]}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"r","dtype":"F32","shape":[2,16],"boxes":[{"offsets":[0,0],"lengths":[2,16]}],"blocks":[{"offsets":[0,0],"lengths":[2,16],"source":"a","base":[0,0],"coeff":[[2,0],[0,0]]}]}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"w","dtype":"F32","shape":[4,2,8],"boxes":[{"offsets":[1,0,0],"lengths":[3,2,8]}],"blocks":[{"offsets":[0,0,0],"lengths":[4,2,8],"source":"a","base":[0,0],"coeff":[[2,1,0],[0,0,1]]}]}]}`,
+}
+
+func FuzzPlan(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add([]byte(s), int64(64), int64(16))
+	}
+	ck := testCheckpoint()
+	f.Fuzz(func(t *testing.T, body []byte, segment, gap int64) {
+		var req api.ShardRequest
+		if json.Unmarshal(body, &req) != nil {
+			return
+		}
+		opts := Options{SegmentBytes: 1 + abs(segment)%4096, SegmentReadBytes: 1 + abs(segment)%8192, MaxGap: abs(gap) % 512, MaxRead: 1 + abs(gap)%1024, MaxReads: 1 << 14}
+		p, err := New(&req, ck, opts)
+		if err != nil {
+			var verr *ValidationError
+			if !errors.As(err, &verr) || len(verr.Errors) == 0 {
+				t.Fatalf("a refused request must be a ValidationError with errors: %v", err)
+			}
+			return
+		}
+		if p.BodyBytes > 1<<20 {
+			return
+		}
+		checkInvariants(t, p, ck)
+	})
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -(x + 1)
+	}
+	return x
+}
+
+func TestSeedsPlanAndHoldInvariants(t *testing.T) {
+	for _, s := range fuzzSeeds {
+		var req api.ShardRequest
+		if err := json.Unmarshal([]byte(s), &req); err != nil {
+			t.Fatal(err)
+		}
+		for _, seg := range []int64{1, 7, 64, 1 << 20} {
+			p, err := New(&req, testCheckpoint(), Options{SegmentBytes: seg, SegmentReadBytes: seg, MaxGap: 8, MaxRead: 16, MaxReads: 1 << 20})
+			if err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+			checkInvariants(t, p, testCheckpoint())
+		}
+	}
+}
+
+func TestDirectAxes(t *testing.T) {
+	cases := []struct {
+		coeff   [][]int64
+		lengths []int64
+		post    bool
+		want    bool
+	}{
+		{[][]int64{{1, 0}, {0, 1}}, []int64{3, 4}, false, true},  // plain copy
+		{[][]int64{{0, 1}, {1, 0}}, []int64{3, 2}, false, true},  // transpose
+		{[][]int64{{1, 0}, {0, 1}}, []int64{3, 4}, true, false},  // post ops gather
+		{[][]int64{{2, 0}, {0, 1}}, []int64{3, 4}, false, false}, // stride
+		{[][]int64{{2, 0}, {0, 1}}, []int64{1, 4}, false, true},  // a stride along a length-one dim does not matter
+		{[][]int64{{0, 0}, {0, 1}}, []int64{3, 4}, false, false}, // broadcast
+		{[][]int64{{4, 1}}, []int64{3, 4}, false, false},         // reshape: two dims on one source dim
+	}
+	for _, c := range cases {
+		b := blockSpec{Block: api.Block{Coeff: c.coeff}}
+		if c.post {
+			b.Post = &[]api.PostOp{{Op: "neg"}}
+		}
+		if got := directAxes(&b, c.lengths); got != c.want {
+			t.Errorf("directAxes(%v, %v, post=%v) = %v", c.coeff, c.lengths, c.post, got)
+		}
+	}
+}
+
+func TestCoalesce(t *testing.T) {
+	reads := []Read{{Key: "b", Offset: 0, Length: 4}, {Key: "a", Offset: 100, Length: 10}, {Key: "a", Offset: 0, Length: 10},
+		{Key: "a", Offset: 15, Length: 5}, {Key: "a", Offset: 5, Length: 2}}
+	got := coalesce(reads, 5)
+	want := []Read{{Key: "a", Offset: 0, Length: 20}, {Key: "a", Offset: 100, Length: 10}, {Key: "b", Offset: 0, Length: 4}}
+	if !slices.Equal(got, want) {
+		t.Errorf("coalesce = %+v", got)
+	}
+	parts := SplitReads(Read{Offset: 10, Length: 25, Dst: 3}, 10)
+	if len(parts) != 3 || parts[2] != (Read{Offset: 30, Length: 5, Dst: 23}) {
+		t.Errorf("SplitReads = %+v", parts)
+	}
+}
+
+func TestTooManyReadsIsRefused(t *testing.T) {
+	var req api.ShardRequest
+	json.Unmarshal([]byte(fuzzSeeds[0]), &req)
+	_, err := New(&req, testCheckpoint(), Options{SegmentBytes: 4, SegmentReadBytes: 4, MaxGap: 0, MaxRead: 4, MaxReads: 5})
+	var verr *ValidationError
+	if !errors.As(err, &verr) || verr.Schema {
+		t.Errorf("got %v, want a 422", err)
+	}
+}
+
+// A TP=8 rank of a Llama-3-8B-shaped fused QKV reads each source row slab once, in few requests.
+func TestFusedQKVReadsOnlyItsRows(t *testing.T) {
+	ck := &checkpoint.Checkpoint{Name: "ck", Tensors: map[string]*checkpoint.Tensor{}}
+	off := int64(1024)
+	for _, n := range []struct {
+		name string
+		rows int64
+	}{{"q", 4096}, {"k", 1024}, {"v", 1024}} {
+		size := n.rows * 4096 * 2
+		ck.Tensors[n.name] = &checkpoint.Tensor{Key: "ck/f", Tensor: safetensors.Tensor{Name: n.name, DType: tensor.BF16, DTypeName: "BF16", Shape: []int64{n.rows, 4096}, Begin: off, End: off + size}}
+		off += size
+	}
+	const tp, rank = 8, 3
+	q, kv := int64(4096/tp), int64(1024/tp)
+	per := q + 2*kv
+	var blocks []api.Block
+	for r := range int64(tp) {
+		for _, b := range []struct {
+			src        string
+			dst, n, at int64
+		}{{"q", r * per, q, r * q}, {"k", r*per + q, kv, r * kv}, {"v", r*per + q + kv, kv, r * kv}} {
+			blocks = append(blocks, api.Block{Offsets: []int64{b.dst, 0}, Lengths: []int64{b.n, 4096}, Source: b.src, Base: []int64{b.at, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}})
+		}
+	}
+	req := api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "qkv", Dtype: api.BF16, Shape: []int64{tp * per, 4096},
+		Boxes: []api.Box{{Offsets: []int64{rank * per, 0}, Lengths: []int64{per, 4096}}}, Blocks: &blocks}}}
+	opts := DefaultOptions()
+	opts.MaxGap = 1 << 20 // S3-like
+	p, err := New(&req, ck, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.NeededBytes != per*4096*2 || p.ReadBytes != p.NeededBytes || p.ReadRequests != 3 {
+		t.Errorf("needed %d read %d in %d requests; want %d bytes in 3 requests", p.NeededBytes, p.ReadBytes, p.ReadRequests, per*4096*2)
+	}
+}
