@@ -92,7 +92,8 @@ type Pipeline struct {
 
 // NewPipeline checks src → ops → dst against DESIGN §3 and compiles it.
 func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
-	p := &Pipeline{src: src, dst: dst, identity: src == dst && len(ops) == 0}
+	// BOOL is never a plain copy: a checkpoint byte other than 0 or 1 still goes out as 1.
+	p := &Pipeline{src: src, dst: dst, identity: src == dst && len(ops) == 0 && src != BOOL}
 	work := src
 	if work.IsFP8() {
 		work = F32 // no arithmetic in FP8

@@ -1,0 +1,89 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// failingStore fails every data read after the first `ok` ones with err.
+type failingStore struct {
+	store.Store
+	ok    int64
+	reads atomic.Int64
+	err   error
+}
+
+func (f *failingStore) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
+	if off > 0 && f.reads.Add(1) > f.ok { // header reads (at offset 0) always pass
+		return f.err
+	}
+	return f.Store.ReadAt(ctx, key, version, p, off)
+}
+
+func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest) {
+	dir := t.TempDir()
+	data := make([]byte, 64*1024*4)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	writeCheckpoint(t, dir, "m", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data})
+	local, _ := store.NewLocal(dir)
+	st := &failingStore{Store: local, ok: ok, err: err}
+	opts := planner.DefaultOptions()
+	opts.SegmentBytes = 16 << 10 // 16 segments
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, 2, opts.MaxRead), Planner: opts, MaxBodyBytes: 1 << 20})
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	return ts.URL, shardReq("m", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{64, 1024}, Boxes: whole(64, 1024), Blocks: copyOf("w", 64, 1024)})
+}
+
+func post(t *testing.T, url string, req api.ShardRequest) (*http.Response, []byte, error) {
+	raw, _ := json.Marshal(req)
+	body := strings.NewReader(string(raw))
+	res, err := http.Post(url+"/v1/shards", "application/json", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return res, b, err
+}
+
+func TestFailureBeforeHeadersIsAProblem(t *testing.T) {
+	for _, c := range []struct {
+		err    error
+		status int
+	}{{store.ErrChanged, 409}, {errors.New("connection refused"), 502}, {context.DeadlineExceeded, 504}} {
+		url, req := failingServer(t, 0, c.err)
+		res, body, err := post(t, url, req)
+		if err != nil || res.StatusCode != c.status || !strings.Contains(string(body), `"status":`) {
+			t.Errorf("%v: %d %s %v, want a %d problem", c.err, res.StatusCode, body, err, c.status)
+		}
+	}
+}
+
+func TestFailureAfterHeadersAbortsTheConnection(t *testing.T) {
+	url, req := failingServer(t, 3, store.ErrChanged)
+	res, body, err := post(t, url, req)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	if err == nil || int64(len(body)) >= res.ContentLength {
+		t.Fatalf("the client got %d of %d bytes and err %v; want a short body and an error", len(body), res.ContentLength, err)
+	}
+}
