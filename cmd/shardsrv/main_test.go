@@ -1,0 +1,44 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestFlagsFallBackToEnvironment(t *testing.T) {
+	t.Setenv("SHARDSRV_STORE", "/data")
+	t.Setenv("SHARDSRV_MAX_GAP", "1048576")
+	t.Setenv("SHARDSRV_ADDR", ":9")
+	c, err := parseServe([]string{"--addr", ":7"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.store != "/data" || c.planner.MaxGap != 1<<20 || c.addr != ":7" {
+		t.Errorf("store %q gap %d addr %q: env fills what the command line leaves, the command line wins", c.store, c.planner.MaxGap, c.addr)
+	}
+}
+
+func TestConfigErrorsSayWhatToFix(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{nil, "", "--store is required"},
+		{[]string{"--store", "x", "--window", "0"}, "", "must be positive"},
+		{[]string{"--store", "x", "--log-level", "loud"}, "", "--log-level"},
+		{[]string{"--store", "x"}, "nope", "SHARDSRV_MAX_READ"},
+	} {
+		if c.env != "" {
+			t.Setenv("SHARDSRV_MAX_READ", c.env)
+		}
+		_, err := parseServe(c.args, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error mentioning %q", c.args, err, c.want)
+		}
+	}
+	if _, err := openStore("gs://bucket"); err == nil {
+		t.Error("an unsupported store URL must be refused")
+	}
+}
