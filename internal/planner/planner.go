@@ -31,6 +31,9 @@ type Options struct {
 	MaxRead int64
 	// MaxReads refuses (422) a plan with more reads or segments than this.
 	MaxReads int64
+	// MaxOverread caps a merged read at this many times the bytes it needs (0: no cap), so a
+	// sparse layout does not read a whole file to save requests.
+	MaxOverread int64
 }
 
 // DefaultOptions suit a local disk: 8 MiB segments, 64 KiB of gap worth a request, 16 MiB reads.
@@ -100,6 +103,8 @@ type Read struct {
 	Offset  int64
 	Length  int64
 	Dst     int64 // offset in the segment buffer, for direct reads
+	// Needed is how many of the bytes the plan uses; the rest are gaps read to save requests.
+	Needed int64
 }
 
 // Copy moves one block overlap from the span buffers into the segment buffer.

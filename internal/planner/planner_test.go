@@ -185,10 +185,18 @@ func TestDirectAxes(t *testing.T) {
 func TestCoalesce(t *testing.T) {
 	reads := []Read{{Key: "b", Offset: 0, Length: 4}, {Key: "a", Offset: 100, Length: 10}, {Key: "a", Offset: 0, Length: 10},
 		{Key: "a", Offset: 15, Length: 5}, {Key: "a", Offset: 5, Length: 2}}
-	got := coalesce(reads, 5)
-	want := []Read{{Key: "a", Offset: 0, Length: 20}, {Key: "a", Offset: 100, Length: 10}, {Key: "b", Offset: 0, Length: 4}}
+	for i := range reads {
+		reads[i].Needed = reads[i].Length
+	}
+	got := coalesce(slices.Clone(reads), Options{MaxGap: 5})
+	want := []Read{{Key: "a", Offset: 0, Length: 20, Needed: 15}, {Key: "a", Offset: 100, Length: 10, Needed: 10}, {Key: "b", Offset: 0, Length: 4, Needed: 4}}
 	if !slices.Equal(got, want) {
 		t.Errorf("coalesce = %+v", got)
+	}
+	// With no over-read allowed, the 5-byte gap after [0, 10) is not worth it.
+	got = coalesce(slices.Clone(reads), Options{MaxGap: 5, MaxOverread: 1})
+	if len(got) != 4 {
+		t.Errorf("coalesce with an over-read cap = %+v", got)
 	}
 	parts := SplitReads(Read{Offset: 10, Length: 25, Dst: 3}, 10)
 	if len(parts) != 3 || parts[2] != (Read{Offset: 30, Length: 5, Dst: 23}) {

@@ -153,7 +153,7 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 				return seg, 0, err
 			}
 			for _, r := range runs {
-				seg.Direct = append(seg.Direct, Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: run, Dst: r[1]})
+				seg.Direct = append(seg.Direct, Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: run, Dst: r[1], Needed: run})
 			}
 			continue
 		}
@@ -163,13 +163,13 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 			return seg, 0, err
 		}
 		for _, r := range sp {
-			spans = append(spans, Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: r[1]})
+			spans = append(spans, Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: r[1], Needed: r[2]})
 		}
 	}
 	if covered < total {
 		seg.Fill = spec.fill
 	}
-	seg.Spans = coalesce(spans, s.opts.MaxGap)
+	seg.Spans = coalesce(spans, s.opts)
 	return seg, needed, nil
 }
 
@@ -217,9 +217,15 @@ func (s *segmenter) runs(lengths, src, dst []int64, srcAt, dstAt int64) ([][2]in
 	}
 }
 
-// spans returns the byte ranges (offset, length) of the file a copy touches, merging along
-// dimensions, smallest source stride first, while the gaps they leave are at most MaxGap.
-func (s *segmenter) spans(l tensor.Strided, src, elem int64) ([][2]int64, error) {
+// worthMerging is the cost model: reading a gap costs its bytes, another request costs MaxGap
+// bytes, and no merged read may exceed MaxOverread times what it needs.
+func worthMerging(opts Options, gap, extent, needed int64) bool {
+	return gap <= opts.MaxGap && (opts.MaxOverread == 0 || extent <= opts.MaxOverread*needed)
+}
+
+// spans returns the byte ranges (offset, length, needed) of the file a copy touches, merging
+// along dimensions, smallest source stride first, while the cost model says so.
+func (s *segmenter) spans(l tensor.Strided, src, elem int64) ([][3]int64, error) {
 	var dims []int
 	for d, st := range l.Src {
 		if st != 0 {
@@ -227,9 +233,14 @@ func (s *segmenter) spans(l tensor.Strided, src, elem int64) ([][2]int64, error)
 		}
 	}
 	sort.Slice(dims, func(i, j int) bool { return l.Src[dims[i]] < l.Src[dims[j]] })
-	extent, m := elem, 0
-	for ; m < len(dims) && l.Src[dims[m]] <= extent+s.opts.MaxGap; m++ {
-		extent += (l.Lengths[dims[m]] - 1) * l.Src[dims[m]]
+	extent, needed, m := elem, elem, 0
+	for ; m < len(dims); m++ {
+		st, n := l.Src[dims[m]], l.Lengths[dims[m]]
+		if !worthMerging(s.opts, st-extent, extent+(n-1)*st, needed*n) {
+			break
+		}
+		extent += (n - 1) * st
+		needed *= n
 	}
 	outer := dims[m:]
 	lengths := make([]int64, len(outer))
@@ -241,15 +252,16 @@ func (s *segmenter) spans(l tensor.Strided, src, elem int64) ([][2]int64, error)
 	if err != nil {
 		return nil, err
 	}
-	out := make([][2]int64, len(starts))
+	out := make([][3]int64, len(starts))
 	for i, st := range starts {
-		out[i] = [2]int64{st[0], extent}
+		out[i] = [3]int64{st[0], extent, min(extent, needed)}
 	}
 	return out, nil
 }
 
-// coalesce sorts reads by file and offset and merges those that overlap or lie within maxGap.
-func coalesce(reads []Read, maxGap int64) []Read {
+// coalesce sorts reads by file and offset and merges those that overlap, and those the cost model
+// says are cheaper read as one.
+func coalesce(reads []Read, opts Options) []Read {
 	if len(reads) == 0 {
 		return nil
 	}
@@ -265,8 +277,11 @@ func coalesce(reads []Read, maxGap int64) []Read {
 	out := []Read{reads[0]}
 	for _, r := range reads[1:] {
 		last := &out[len(out)-1]
-		if r.Key == last.Key && r.Offset <= last.Offset+last.Length+maxGap {
-			last.Length = max(last.Length, r.Offset+r.Length-last.Offset)
+		gap := r.Offset - (last.Offset + last.Length)
+		length := max(last.Length, r.Offset+r.Length-last.Offset)
+		if r.Key == last.Key && (gap <= 0 || worthMerging(opts, gap, length, last.Needed+r.Needed)) {
+			last.Length = length
+			last.Needed = min(length, last.Needed+r.Needed)
 			continue
 		}
 		out = append(out, r)

@@ -38,6 +38,8 @@ var (
 	ErrOutOfRange = errors.New("read past the end of the file")
 	ErrChanged    = errors.New("file changed while it was being read")
 	ErrInvalidKey = errors.New("invalid key")
+	// ErrUnavailable is a store that sheds load (S3 SlowDown, 503): worth retrying later.
+	ErrUnavailable = errors.New("the store is overloaded")
 )
 
 // ValidateKey accepts relative paths of non-empty segments of [A-Za-z0-9._-] other than "." and

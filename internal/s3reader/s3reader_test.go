@@ -1,0 +1,44 @@
+package s3reader_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/internal/s3reader"
+	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
+	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/store/storetest"
+)
+
+var buckets atomic.Int64
+
+func TestS3Conformance(t *testing.T) {
+	g := s3test.Start(t)
+	storetest.Run(t, storetest.Harness{New: func(t *testing.T) (store.Store, func(string, []byte)) {
+		bucket := fmt.Sprintf("bucket-%d", buckets.Add(1))
+		g.CreateBucket(t, bucket)
+		s, err := s3reader.New(context.Background(), s3reader.Config{Bucket: bucket, Prefix: "root/dir", Endpoint: g.Endpoint})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A sibling outside the prefix must never show up.
+		g.Put(t, bucket, "root/elsewhere/model.safetensors", []byte("x"))
+		return s, func(key string, data []byte) { g.Put(t, bucket, "root/dir/"+key, data) }
+	}})
+}
+
+func TestParseURL(t *testing.T) {
+	for in, want := range map[string][2]string{"s3://b": {"b", ""}, "s3://b/p/q/": {"b", "p/q"}} {
+		b, p, err := s3reader.ParseURL(in)
+		if err != nil || b != want[0] || p != want[1] {
+			t.Errorf("ParseURL(%q) = %q %q %v", in, b, p, err)
+		}
+	}
+	for _, in := range []string{"s3://", "b/p", "s3:///p"} {
+		if _, _, err := s3reader.ParseURL(in); err == nil {
+			t.Errorf("ParseURL(%q) accepted", in)
+		}
+	}
+}
