@@ -1,6 +1,6 @@
 // Command shardsrv serves remapped tensor shards from safetensors checkpoints.
 //
-//	shardsrv serve   --addr HOST:PORT --store DIR|file://DIR
+//	shardsrv serve   --addr HOST:PORT --store DIR|file://DIR|s3://BUCKET/PREFIX [--s3-endpoint URL]
 //	shardsrv example --out DIR
 //
 // Every flag of serve can also be set by an environment variable: SHARDSRV_ and the flag name in
@@ -26,6 +26,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/example"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
@@ -71,6 +72,7 @@ func main() {
 type config struct {
 	addr         string
 	store        string
+	s3           s3reader.Config
 	maxBodyBytes int64
 	window       int
 	planner      planner.Options
@@ -82,7 +84,12 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", ":8080", "`HOST:PORT` to listen on")
-	fs.StringVar(&c.store, "store", "", "where checkpoints are: a directory, `DIR` or file://DIR; each checkpoint is a folder in it (required)")
+	fs.StringVar(&c.store, "store", "", "where checkpoints are: `DIR`, file://DIR or s3://BUCKET/PREFIX; each checkpoint is a folder (key prefix) in it (required)")
+	fs.StringVar(&c.s3.Endpoint, "s3-endpoint", "", "S3-compatible endpoint `URL` (path-style addressing); default AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, then AWS")
+	fs.StringVar(&c.s3.Region, "s3-region", "", "S3 region; default from the AWS chain (AWS_REGION, profile), else us-east-1")
+	fs.IntVar(&c.s3.MaxInFlight, "s3-max-in-flight", 64, "most S3 requests in flight across all streams; the connection pool keeps as many idle")
+	fs.DurationVar(&c.s3.ReadTimeout, "s3-read-timeout", 30*time.Second, "time one attempt of one S3 read may take, headers and body")
+	fs.DurationVar(&c.s3.RetryBudget, "s3-retry-budget", 60*time.Second, "time one S3 read may spend retrying 5xx, SlowDown, resets and broken bodies")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", 64<<20, "largest request body accepted, in bytes (413 above)")
 	fs.IntVar(&c.window, "window", 4, "segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)")
 	fs.Int64Var(&c.planner.SegmentBytes, "segment-bytes", c.planner.SegmentBytes, "output bytes produced at once per stream")
@@ -90,9 +97,15 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.Int64Var(&c.planner.MaxGap, "max-gap", c.planner.MaxGap, "what one more read request costs, in bytes: runs closer than this are read as one")
 	fs.Int64Var(&c.planner.MaxRead, "max-read", c.planner.MaxRead, "reads longer than this are split into parallel requests")
 	fs.Int64Var(&c.planner.MaxReads, "max-reads", c.planner.MaxReads, "refuse (422) a request whose plan needs more reads or segments than this")
+	fs.Int64Var(&c.planner.MaxOverread, "max-overread", 0, "a merged read may be at most this many times the bytes it needs (0: no cap; 16 for s3://)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: shardsrv serve --store DIR [flags]\n\nRuns the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: shardsrv serve --store DIR|s3://BUCKET/PREFIX [flags]\n\n"+
+			"Runs the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n"+
+			"S3 credentials and region come from the standard AWS chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,\n"+
+			"AWS_PROFILE and the shared files, or web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA sets).\n"+
+			"For s3:// stores the cost model defaults to --max-gap 1MiB --max-read 8MiB --segment-bytes 16MiB\n"+
+			"--segment-read-bytes 32MiB --max-overread 16 unless given.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -112,6 +125,21 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	if envErr != nil {
 		return nil, envErr
 	}
+	if strings.HasPrefix(c.store, "s3://") {
+		// Object storage: a request costs about 1 MiB of transfer (10-20 ms at 50-100 MB/s per
+		// connection), so merge gaps up to that, never past 16x what a read needs; 8 MiB parts keep
+		// the connections busy; bigger segments keep more of them in flight.
+		s3Defaults := map[string]string{"max-gap": "1048576", "max-read": "8388608", "segment-bytes": "16777216", "segment-read-bytes": "33554432", "max-overread": "16"}
+		for name, v := range s3Defaults {
+			if !set[name] && os.Getenv("SHARDSRV_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))) == "" {
+				fs.Set(name, v)
+			}
+		}
+		var err error
+		if c.s3.Bucket, c.s3.Prefix, err = s3reader.ParseURL(c.store); err != nil {
+			return nil, fmt.Errorf("--store: %v", err)
+		}
+	}
 	return c, c.validate()
 }
 
@@ -120,7 +148,7 @@ func (c *config) validate() error {
 	if c.store == "" {
 		errs = append(errs, errors.New("--store is required: the directory holding checkpoint folders (try 'make run' for an example)"))
 	}
-	if c.maxBodyBytes <= 0 || c.window <= 0 || c.planner.SegmentBytes <= 0 || c.planner.SegmentReadBytes <= 0 || c.planner.MaxRead <= 0 || c.planner.MaxReads <= 0 || c.planner.MaxGap < 0 {
+	if c.maxBodyBytes <= 0 || c.window <= 0 || c.planner.MaxOverread < 0 || c.planner.SegmentBytes <= 0 || c.planner.SegmentReadBytes <= 0 || c.planner.MaxRead <= 0 || c.planner.MaxReads <= 0 || c.planner.MaxGap < 0 {
 		errs = append(errs, errors.New("sizes and counts must be positive (--max-gap may be 0)"))
 	}
 	var level slog.Level
@@ -130,10 +158,13 @@ func (c *config) validate() error {
 	return errors.Join(errs...)
 }
 
-func openStore(url string) (store.Store, error) {
-	dir, isFile := strings.CutPrefix(url, "file://")
-	if !isFile && strings.Contains(url, "://") {
-		return nil, fmt.Errorf("--store %q: only a directory or file://DIR is supported", url)
+func openStore(ctx context.Context, c *config) (store.Store, error) {
+	if strings.HasPrefix(c.store, "s3://") {
+		return s3reader.New(ctx, c.s3)
+	}
+	dir, isFile := strings.CutPrefix(c.store, "file://")
+	if !isFile && strings.Contains(c.store, "://") {
+		return nil, fmt.Errorf("--store %q: use a directory, file://DIR or s3://BUCKET/PREFIX", c.store)
 	}
 	return store.NewLocal(dir)
 }
@@ -146,7 +177,7 @@ func serve(args []string, stderr io.Writer) error {
 	var level slog.Level
 	level.UnmarshalText([]byte(c.logLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	st, err := openStore(c.store)
+	st, err := openStore(context.Background(), c)
 	if err != nil {
 		return err
 	}

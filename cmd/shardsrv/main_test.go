@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"strings"
 	"testing"
@@ -38,7 +39,17 @@ func TestConfigErrorsSayWhatToFix(t *testing.T) {
 			t.Errorf("%v: %v, want an error mentioning %q", c.args, err, c.want)
 		}
 	}
-	if _, err := openStore("gs://bucket"); err == nil {
+	if _, err := openStore(context.Background(), &config{store: "gs://bucket"}); err == nil {
 		t.Error("an unsupported store URL must be refused")
+	}
+}
+
+func TestS3StoreGetsObjectStorageDefaults(t *testing.T) {
+	c, err := parseServe([]string{"--store", "s3://bucket/models/v1", "--max-gap", "4096"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.s3.Bucket != "bucket" || c.s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 || c.planner.MaxRead != 8<<20 || c.planner.MaxOverread != 16 {
+		t.Errorf("%+v %+v: s3 defaults apply where no flag is given", c.s3, c.planner)
 	}
 }

@@ -394,7 +394,7 @@ func propertyCase(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := planner.Options{SegmentBytes: 1 + r.Int64N(256), SegmentReadBytes: 1 + r.Int64N(512), MaxGap: r.Int64N(64), MaxRead: 1 + r.Int64N(64), MaxReads: 1 << 20}
+	opts := planner.Options{SegmentBytes: 1 + r.Int64N(256), SegmentReadBytes: 1 + r.Int64N(512), MaxGap: r.Int64N(64), MaxRead: 1 + r.Int64N(64), MaxReads: 1 << 20, MaxOverread: r.Int64N(4)}
 	plan, err := planner.New(req, ck, opts)
 	legal := true
 	for _, p := range table {

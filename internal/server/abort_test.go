@@ -41,7 +41,7 @@ func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest)
 	for i := range data {
 		data[i] = byte(i)
 	}
-	writeCheckpoint(t, dir, "m", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data})
+	writeCheckpoint(t, &harness{put: localPut(t, dir)}, "m", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data})
 	local, _ := store.NewLocal(dir)
 	st := &failingStore{Store: local, ok: ok, err: err}
 	opts := planner.DefaultOptions()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -23,6 +25,8 @@ import (
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/s3reader"
+	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -61,34 +65,59 @@ func readF32(b []byte) []float32 {
 	return out
 }
 
-// writeCheckpoint writes a single-file checkpoint.
-func writeCheckpoint(t *testing.T, dir, name string, tensors ...safetensors.TensorData) {
+// writeCheckpoint writes a single-file checkpoint into the harness's store.
+func writeCheckpoint(t *testing.T, h *harness, name string, tensors ...safetensors.TensorData) {
 	t.Helper()
 	var buf bytes.Buffer
 	if err := safetensors.Write(&buf, tensors, map[string]string{"format": "pt"}); err != nil {
 		t.Fatal(err)
 	}
-	os.MkdirAll(filepath.Join(dir, name), 0o755)
-	if err := os.WriteFile(filepath.Join(dir, name, "model.safetensors"), buf.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	h.put(name+"/model.safetensors", buf.Bytes())
 }
 
-// harness is a live server over a local store whose responses are checked against openapi.yaml.
+// harness is a live server over a store whose responses are checked against openapi.yaml.
 type harness struct {
 	t      *testing.T
-	dir    string
+	put    func(key string, data []byte)
 	url    string
 	router routers.Router
 }
 
-func newHarness(t *testing.T, opts planner.Options) *harness {
-	t.Helper()
-	dir := t.TempDir()
-	st, err := store.NewLocal(dir)
-	if err != nil {
-		t.Fatal(err)
+var buckets atomic.Int64
+
+// eachStore runs a test against a server over the local store and over S3 (versitygw).
+func eachStore(t *testing.T, opts planner.Options, f func(t *testing.T, h *harness)) {
+	t.Run("local", func(t *testing.T) {
+		dir := t.TempDir()
+		st, err := store.NewLocal(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(t, newHarness(t, opts, st, localPut(t, dir)))
+	})
+	t.Run("s3", func(t *testing.T) {
+		g := s3test.Start(t)
+		bucket := fmt.Sprintf("bucket-%d", buckets.Add(1))
+		g.CreateBucket(t, bucket)
+		st, err := s3reader.New(context.Background(), s3reader.Config{Bucket: bucket, Prefix: "models", Endpoint: g.Endpoint})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(t, newHarness(t, opts, st, func(key string, data []byte) { g.Put(t, bucket, "models/"+key, data) }))
+	})
+}
+
+func localPut(t *testing.T, dir string) func(string, []byte) {
+	return func(key string, data []byte) {
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, key)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, key), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
+}
+
+func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(string, []byte)) *harness {
+	t.Helper()
 	srv := server.New(server.Config{
 		Catalog: checkpoint.New(st), Executor: executor.New(st, 3, opts.MaxRead), Planner: opts, MaxBodyBytes: 1 << 20,
 	})
@@ -103,7 +132,7 @@ func newHarness(t *testing.T, opts planner.Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, dir: dir, url: ts.URL, router: router}
+	return &harness{t: t, put: put, url: ts.URL, router: router}
 }
 
 type response struct {
