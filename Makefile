@@ -1,11 +1,15 @@
 # shardsrv — `make run` serves an example checkpoint, `make test` runs the whole suite.
 SHELL := /bin/bash
 GO ?= go
+TOOLS := $(CURDIR)/.tools/bin
+# Pinned versions of what the tests run besides Go itself.
+VERSITYGW_VERSION := v1.8.0
+export PATH := $(TOOLS):$(PATH)
 BIN := bin/shardsrv
 ADDR ?= localhost:8080
 FUZZTIME ?= 10s
 
-.PHONY: all build run test unit fuzz lint generate bench clean
+.PHONY: all build run test unit fuzz lint generate bench clean tools
 
 all: build
 
@@ -19,11 +23,17 @@ run: build
 	@echo "Serving on http://$(ADDR) (Ctrl-C to stop)"
 	@$(BIN) serve --store .run/checkpoints --addr $(ADDR)
 
+## tools: install what the tests run (an S3 server), pinned, into .tools/bin
+tools: $(TOOLS)/versitygw
+
+$(TOOLS)/versitygw:
+	GOBIN=$(TOOLS) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+
 ## test: everything CI runs
 test: lint unit fuzz
 
-unit:
-	$(GO) test -race -count=1 ./...
+unit: tools
+	SHARDSRV_REQUIRE_S3=1 $(GO) test -race -count=1 ./...
 
 ## fuzz: run each fuzz target briefly ($(FUZZTIME)) on top of its seed corpus
 fuzz:
@@ -39,8 +49,8 @@ generate:
 	cd api && $(GO) generate ./...
 
 ## bench: measure against baselines in one run and write docs/benchmarks.md
-bench:
+bench: tools
 	$(GO) run ./cmd/shardsrv-bench -out docs/benchmarks.md
 
 clean:
-	rm -rf bin .run
+	rm -rf bin .run .tools

@@ -132,6 +132,11 @@ func (c *Catalog) root(ctx context.Context, name string) (string, store.Info, bo
 			return "", store.Info{}, false, err
 		}
 	}
+	// A store that cannot be read at all (a missing bucket answers every key with 404) is the
+	// problem to report, not the checkpoint.
+	if err := c.store.Check(ctx); err != nil {
+		return "", store.Info{}, false, err
+	}
 	return "", store.Info{}, false, fmt.Errorf("%w %q: the folder holds neither %s nor %s", ErrNotFound, name, IndexFile, SingleFile)
 }
 

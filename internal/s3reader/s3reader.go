@@ -278,6 +278,9 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 // Check implements store.Store: the bucket answers.
 func (s *Store) Check(ctx context.Context) error {
 	_, err := s.client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &s.cfg.Bucket})
+	if status(err) == http.StatusNotFound {
+		return fmt.Errorf("%s: the bucket %q does not exist", s, s.cfg.Bucket)
+	}
 	if err != nil {
 		return s.mapErr("", err)
 	}

@@ -1,0 +1,288 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/s3reader"
+	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/server"
+)
+
+// syncBuffer collects log lines from concurrent handlers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type faultEnv struct {
+	url    string
+	g      *s3test.Gateway
+	proxy  *s3test.Proxy
+	bucket string
+	data   []byte
+	req    api.ShardRequest
+	logs   *syncBuffer
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i/4) ^ seed
+	}
+	return b
+}
+
+func checkpointBytes(data []byte) []byte {
+	var buf bytes.Buffer
+	safetensors.Write(&buf, []safetensors.TensorData{{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data}}, nil)
+	return buf.Bytes()
+}
+
+// faultServer runs shardsrv over S3 through a fault-injecting proxy: 4 segments of 64 KiB, read one
+// at a time, so the n-th data read is the n-th segment.
+func faultServer(t *testing.T, cfg s3reader.Config) *faultEnv {
+	g := s3test.Start(t)
+	e := &faultEnv{g: g, bucket: fmt.Sprintf("bucket-%d", buckets.Add(1)), data: pattern(64*1024*4, 1), logs: &syncBuffer{}}
+	g.CreateBucket(t, e.bucket)
+	g.Put(t, e.bucket, "m/model.safetensors", checkpointBytes(e.data))
+	e.proxy = g.NewProxy()
+	t.Cleanup(e.proxy.Close)
+	if cfg.Bucket == "" {
+		cfg.Bucket = e.bucket
+	}
+	cfg.Endpoint = e.proxy.URL
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = 2 * time.Second
+	}
+	if cfg.RetryBudget == 0 {
+		cfg.RetryBudget = 3 * time.Second
+	}
+	st, err := s3reader.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := planner.DefaultOptions()
+	opts.SegmentBytes = 64 << 10
+	opts.MaxGap = 1 << 20
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, 1, opts.MaxRead), Planner: opts,
+		MaxBodyBytes: 1 << 20, Logger: slog.New(slog.NewJSONHandler(e.logs, nil))})
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	e.url = ts.URL
+	e.req = shardReq("m", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{64, 1024}, Boxes: whole(64, 1024), Blocks: copyOf("w", 64, 1024)})
+	return e
+}
+
+// dataRead tells a data read from the catalog's header read at offset 0.
+func dataRead(r *http.Request) bool { return !strings.HasPrefix(r.Header.Get("Range"), "bytes=0-") }
+
+// faultsOnData applies faults to the n-th data read (from 1), by a map; other reads pass.
+func faultsOnData(faults map[int]s3test.Fault) func(int, *http.Request) s3test.Fault {
+	var mu sync.Mutex
+	n := 0
+	return func(_ int, r *http.Request) s3test.Fault {
+		if !dataRead(r) {
+			return s3test.Pass
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		return faults[n]
+	}
+}
+
+func (e *faultEnv) fetch(t *testing.T) (int, http.Header, []byte, error) {
+	raw, _ := json.Marshal(e.req)
+	res, err := http.Post(e.url+"/v1/shards", "application/json", bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	return res.StatusCode, res.Header, body, err
+}
+
+func (e *faultEnv) expectBytes(t *testing.T, want []byte) {
+	t.Helper()
+	status, _, body, err := e.fetch(t)
+	if status != 200 || err != nil || !bytes.Equal(body, want) {
+		t.Fatalf("status %d, err %v, %d bytes (equal: %v); want exactly the %d bytes", status, err, len(body), bytes.Equal(body, want), len(want))
+	}
+}
+
+func (e *faultEnv) expectProblem(t *testing.T, status int, mentions ...string) string {
+	t.Helper()
+	got, hdr, body, _ := e.fetch(t)
+	if got != status || hdr.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("status %d %s, want a %d problem", got, body, status)
+	}
+	for _, m := range mentions {
+		if !strings.Contains(string(body), m) {
+			t.Errorf("problem %s does not mention %q", body, m)
+		}
+	}
+	return string(body)
+}
+
+func TestS3SlowDownIsRetried(t *testing.T) {
+	e := faultServer(t, s3reader.Config{})
+	e.proxy.Decide = faultsOnData(map[int]s3test.Fault{1: s3test.SlowDown, 2: s3test.SlowDown, 4: s3test.SlowDown})
+	e.expectBytes(t, e.data)
+}
+
+func TestS3SlowDownEverywhereIs503(t *testing.T) {
+	e := faultServer(t, s3reader.Config{RetryBudget: 500 * time.Millisecond})
+	e.proxy.Decide = func(_ int, r *http.Request) s3test.Fault {
+		if dataRead(r) {
+			return s3test.SlowDown
+		}
+		return s3test.Pass
+	}
+	_, hdr, _, _ := e.fetch(t)
+	if hdr.Get("Retry-After") == "" {
+		t.Error("a 503 says when to retry")
+	}
+	e.expectProblem(t, 503, "s3://"+e.bucket, "SlowDown")
+}
+
+func TestS3BrokenBodiesResumeWhereTheyStopped(t *testing.T) {
+	e := faultServer(t, s3reader.Config{})
+	e.proxy.Decide = faultsOnData(map[int]s3test.Fault{1: s3test.Reset, 3: s3test.Truncate})
+	e.expectBytes(t, e.data)
+	// The read after the reset asks only for the missing tail of the first segment.
+	var first, resumed int64
+	var data []string
+	for _, r := range e.proxy.Ranges {
+		if !strings.HasPrefix(r, "bytes=0-") {
+			data = append(data, r)
+		}
+	}
+	fmt.Sscanf(data[0], "bytes=%d-", &first)
+	fmt.Sscanf(data[1], "bytes=%d-", &resumed)
+	if resumed != first+32<<10 {
+		t.Errorf("ranges %v: the retry should start half a segment (%d) after %d", data, 32<<10, first)
+	}
+}
+
+func TestS3StalledReadIsRetried(t *testing.T) {
+	e := faultServer(t, s3reader.Config{ReadTimeout: 300 * time.Millisecond})
+	e.proxy.Decide = faultsOnData(map[int]s3test.Fault{2: s3test.Stall})
+	e.expectBytes(t, e.data)
+}
+
+func TestS3StalledStoreTimesOutWithin(t *testing.T) {
+	e := faultServer(t, s3reader.Config{ReadTimeout: 200 * time.Millisecond, RetryBudget: time.Second})
+	e.proxy.Decide = func(_ int, r *http.Request) s3test.Fault {
+		if dataRead(r) {
+			return s3test.Stall
+		}
+		return s3test.Pass
+	}
+	start := time.Now()
+	e.expectProblem(t, 504, "s3://"+e.bucket)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("took %v: a stalled store must not hold a request past its retry budget", took)
+	}
+}
+
+func TestS3ObjectReplacedMidLoad(t *testing.T) {
+	e := faultServer(t, s3reader.Config{})
+	replaced := pattern(len(e.data), 7)
+	// Replaced after the first segment was read and sent: the next read's If-Match fails and the
+	// connection is aborted, so the client never holds bytes of two versions.
+	secondSegment := fmt.Sprintf("bytes=%d-", len(headerOf(e.data))+64<<10)
+	var once, once2 sync.Once
+	e.proxy.Decide = func(n int, r *http.Request) s3test.Fault {
+		if strings.HasPrefix(r.Header.Get("Range"), secondSegment) {
+			once.Do(func() { e.g.PutErr(e.bucket, "m/model.safetensors", checkpointBytes(replaced)) })
+		}
+		return s3test.Pass
+	}
+	status, _, body, err := e.fetch(t)
+	if status != 200 || err == nil || len(body) >= len(e.data) {
+		t.Fatalf("status %d, %d bytes, err %v: want a short body and an error", status, len(body), err)
+	}
+	if !bytes.Equal(body, e.data[:len(body)]) {
+		t.Fatal("the bytes sent before the abort must be the old version's")
+	}
+	// The cached metadata was dropped: the next request serves the new version whole.
+	e.proxy.Decide = nil
+	e.expectBytes(t, replaced)
+	// Replaced between the catalog's look and the first data read: a clean 409 before any byte,
+	// and the request after it serves the new version.
+	e.proxy.Decide = func(n int, r *http.Request) s3test.Fault {
+		if dataRead(r) {
+			once2.Do(func() { e.g.PutErr(e.bucket, "m/model.safetensors", checkpointBytes(e.data)) })
+		}
+		return s3test.Pass
+	}
+	e.expectProblem(t, 409, "replaced")
+	e.proxy.Decide = nil
+	e.expectBytes(t, e.data)
+}
+
+// headerOf is the safetensors header (length prefix included) the fixture is written with.
+func headerOf(data []byte) []byte {
+	b := checkpointBytes(data)
+	return b[:len(b)-len(data)]
+}
+
+func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
+	const secret = "not-the-right-secret-0123456789"
+	e := faultServer(t, s3reader.Config{})
+	t.Setenv("AWS_SECRET_ACCESS_KEY", secret)
+	st, err := s3reader.New(context.Background(), s3reader.Config{Bucket: e.bucket, Endpoint: e.proxy.URL, RetryBudget: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, 1, 1<<20), Planner: planner.DefaultOptions(),
+		MaxBodyBytes: 1 << 20, Logger: slog.New(slog.NewJSONHandler(e.logs, nil))})
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	e.url = ts.URL
+	body := e.expectProblem(t, 502, "access denied", "s3://"+e.bucket)
+	if strings.Contains(body, secret) || strings.Contains(e.logs.String(), secret) || strings.Contains(body, s3test.AccessKey) {
+		t.Error("a credential leaked into a problem or a log line")
+	}
+	res, _ := http.Get(ts.URL + "/readyz")
+	if res.StatusCode != 503 {
+		t.Errorf("/readyz with wrong credentials: %d", res.StatusCode)
+	}
+}
+
+func TestS3MissingBucketIsA502(t *testing.T) {
+	e := faultServer(t, s3reader.Config{Bucket: "no-such-bucket", RetryBudget: time.Second})
+	e.expectProblem(t, 502, "no-such-bucket")
+	res, _ := http.Get(e.url + "/readyz")
+	if res.StatusCode != 503 {
+		t.Errorf("/readyz without a bucket: %d", res.StatusCode)
+	}
+}
