@@ -57,6 +57,7 @@ func main() {
 
 	r := &report{}
 	localScenarios(r, bin, filepath.Join(dir, "store"))
+	s3Scenarios(r, bin, dir)
 	if err := os.WriteFile(*out, []byte(r.markdown()), 0o644); err != nil {
 		log.Fatal(err)
 	}
@@ -99,11 +100,16 @@ type server struct {
 }
 
 func startServer(bin, store string, extra ...string) *server {
+	return startServerEnv(bin, store, nil, extra...)
+}
+
+func startServerEnv(bin, store string, env []string, extra ...string) *server {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
 	cmd := exec.Command(bin, append([]string{"serve", "--store", store, "--addr", addr, "--log-level", "warn"}, extra...)...)
 	cmd.Stderr = os.Stderr
+	cmd.Env = append(os.Environ(), env...)
 	if err := cmd.Start(); err != nil {
 		log.Fatal(err)
 	}
@@ -148,11 +154,28 @@ func fetch(url string, req any) int64 {
 		log.Fatal(err)
 	}
 	defer res.Body.Close()
-	n, err := io.Copy(io.Discard, res.Body)
+	n, err := drain(res.Body)
 	if err != nil || res.StatusCode != 200 {
 		log.Fatalf("%s: %d %v", url, res.StatusCode, err)
 	}
 	return n
+}
+
+// drain reads a body the way a loader fills tensors: large reads into one buffer. (io.Discard
+// would read it 8 KiB at a time, and on two cores the client's syscalls would weigh on the server.)
+func drain(r io.Reader) (int64, error) {
+	buf := make([]byte, 4<<20)
+	var n int64
+	for {
+		m, err := io.ReadFull(r, buf)
+		n += int64(m)
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
 }
 
 // timed runs f reps times and returns the durations, sorted.

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/s3reader"
+	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+)
+
+const bucket = "bench"
+
+// Llama-3-8B attention shapes (REFERENCES.md §5.1).
+const (
+	hidden  = 4096
+	qRows   = 4096
+	kvRows  = 1024
+	tpRanks = 8
+)
+
+func randomBytes(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := 0; i+8 <= n; i += 8 {
+		v := r.Uint64() & 0x3F7F3F7F3F7F3F7F // finite BF16 values
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	return b
+}
+
+func safetensorsFile(tensors ...safetensors.TensorData) []byte {
+	var buf bytes.Buffer
+	safetensors.Write(&buf, tensors, map[string]string{"format": "pt"})
+	return buf.Bytes()
+}
+
+func s3Scenarios(r *report, bin, dir string) {
+	gw, err := exec.LookPath("versitygw")
+	if err != nil {
+		log.Printf("versitygw not found (make tools): skipping the S3 scenarios")
+		return
+	}
+	must(os.MkdirAll(filepath.Join(dir, "s3"), 0o755))
+	g, err := s3test.Run(gw, filepath.Join(dir, "s3"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Stop()
+	ctx := context.Background()
+	if _, err := g.Client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("uploading the S3 fixtures to versitygw")
+	layer := safetensorsFile(
+		safetensors.TensorData{Name: "model.layers.0.self_attn.q_proj.weight", DType: "BF16", Shape: []int64{qRows, hidden}, Data: randomBytes(qRows*hidden*2, 1)},
+		safetensors.TensorData{Name: "model.layers.0.self_attn.k_proj.weight", DType: "BF16", Shape: []int64{kvRows, hidden}, Data: randomBytes(kvRows*hidden*2, 2)},
+		safetensors.TensorData{Name: "model.layers.0.self_attn.v_proj.weight", DType: "BF16", Shape: []int64{kvRows, hidden}, Data: randomBytes(kvRows*hidden*2, 3)})
+	must(g.PutErr(bucket, "llama-layer/model.safetensors", layer))
+	const bigRows, bigCols = 16384, 16384 // 512 MiB of BF16
+	big := safetensorsFile(safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{bigRows, bigCols}, Data: randomBytes(bigRows*bigCols*2, 4)})
+	must(g.PutErr(bucket, "big/model.safetensors", big))
+	env := []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretKey, "AWS_REGION=us-east-1"}
+
+	// TP=8 fused QKV through a counting proxy: what shardsrv asks S3 for.
+	proxy := g.NewProxy()
+	srv := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", proxy.URL)
+	var needed int64
+	for rank := range int64(tpRanks) {
+		req := fusedQKV(rank)
+		needed += plan(srv.addr, req).Summary.NeededBytes
+		fetch("http://"+srv.addr+"/v1/shards", req)
+	}
+	srv.stop()
+	proxy.Close()
+	readBytes, requests := rangeTotals(proxy.Ranges)
+	perRankLimit := needed/tpRanks/(8<<20) + 3*3
+	r.add("S3 (versitygw on loopback): all 8 ranks of a TP=8 fused-QKV layout over one Llama-3-8B layer (q 4096×4096, k and v 1024×4096, BF16)",
+		row{"bytes the 8 shards need", fmt.Sprintf("%.1f MiB", float64(needed)/(1<<20)), "sum of `needed_bytes` of the 8 plans"},
+		row{"bytes read from S3 (headers included)", fmt.Sprintf("%.1f MiB", float64(readBytes)/(1<<20)), fmt.Sprintf("%.3f× needed (goal ≤ 1.05×)", float64(readBytes)/float64(needed))},
+		row{"S3 requests (ranged GETs)", fmt.Sprint(requests), fmt.Sprintf("%.1f per rank (goal ≤ needed/8 MiB + 3 per source tensor = %d per rank)", float64(requests)/tpRanks, perRankLimit)},
+	)
+
+	// One direct 512 MiB shard: shardsrv against a plain parallel ranged download.
+	srv = startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", g.Endpoint)
+	defer srv.stop()
+	shard := rowSlab("big", 0, bigRows, 1, api.BF16)
+	shard.Tensors[0].Shape = []int64{bigRows, bigCols}
+	(*shard.Tensors[0].Blocks)[0].Lengths = []int64{bigRows, bigCols}
+	shard.Tensors[0].Boxes[0].Lengths = []int64{bigRows, bigCols}
+	size := int64(bigRows * bigCols * 2)
+	start := int64(len(big)) - size
+	// shardsrv's defaults for s3://: 4 segments of 16 MiB in flight, read in 8 MiB parts.
+	const parts, concurrency = 8 << 20, 8
+	base := timed(func() { parallelDownload(g.Client, "big/model.safetensors", start, size, parts, concurrency) })
+	got := timed(func() { fetch("http://"+srv.addr+"/v1/shards", shard) })
+	// shardsrv's store stage alone: the same parts through internal/s3reader, no HTTP hop.
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		os.Setenv(k, v)
+	}
+	st, err := s3reader.New(ctx, s3reader.Config{Bucket: bucket, Endpoint: g.Endpoint})
+	must(err)
+	stage := timed(func() {
+		buf := make([]byte, size)
+		eg, ctx := errgroup.WithContext(ctx)
+		eg.SetLimit(concurrency)
+		for off := int64(0); off < size; off += parts {
+			eg.Go(func() error { return st.ReadAt(ctx, "big/model.safetensors", "", buf[off:off+min(parts, size-off)], start+off) })
+		}
+		must(eg.Wait())
+	})
+	r.add("S3 (versitygw on loopback): one 512 MiB direct shard",
+		row{fmt.Sprintf("AWS SDK parallel ranged download of the same bytes (%d MiB parts, %d in flight)", parts>>20, concurrency), throughput(size, base), ""},
+		row{"shardsrv's store stage alone (internal/s3reader, same parts, no HTTP hop)", throughput(size, stage), fmt.Sprintf("%.2f× the plain download", ratio(base, stage))},
+		row{"shardsrv, through HTTP to the client", throughput(size, got), fmt.Sprintf("%.2f× the plain download (goal ≥ 0.8×)", ratio(base, got))},
+	)
+}
+
+func must(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// fusedQKV is rank's box of the vLLM rank-major fused QKV at TP=8, with the whole table.
+func fusedQKV(rank int64) api.ShardRequest {
+	q, kv := int64(qRows/tpRanks), int64(kvRows/tpRanks)
+	per := q + 2*kv
+	p := "model.layers.0.self_attn."
+	var blocks []api.Block
+	for r := range int64(tpRanks) {
+		for _, b := range []struct {
+			src        string
+			dst, n, at int64
+		}{{"q_proj", r * per, q, r * q}, {"k_proj", r*per + q, kv, r * kv}, {"v_proj", r*per + q + kv, kv, r * kv}} {
+			blocks = append(blocks, api.Block{Offsets: []int64{b.dst, 0}, Lengths: []int64{b.n, hidden}, Source: p + b.src + ".weight",
+				Base: []int64{b.at, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}})
+		}
+	}
+	return api.ShardRequest{Checkpoint: "llama-layer", Tensors: []api.TensorRequest{{Name: p + "qkv_proj.weight", Dtype: api.BF16,
+		Shape: []int64{tpRanks * per, hidden}, Boxes: []api.Box{{Offsets: []int64{rank * per, 0}, Lengths: []int64{per, hidden}}}, Blocks: &blocks}}}
+}
+
+func plan(addr string, req api.ShardRequest) api.PlanResponse {
+	body, _ := json.Marshal(req)
+	res, err := client.Post("http://"+addr+"/v1/plan", "application/json", bytes.NewReader(body))
+	must(err)
+	defer res.Body.Close()
+	var p api.PlanResponse
+	must(json.NewDecoder(res.Body).Decode(&p))
+	return p
+}
+
+// rangeTotals sums the bytes and counts the requests of "bytes=a-b" headers.
+func rangeTotals(ranges []string) (bytes, requests int64) {
+	for _, r := range ranges {
+		var a, b int64
+		if _, err := fmt.Sscanf(strings.TrimPrefix(r, "bytes="), "%d-%d", &a, &b); err == nil {
+			bytes += b - a + 1
+			requests++
+		}
+	}
+	return bytes, requests
+}
+
+// parallelDownload is what a careful client does without shardsrv: ranged GETs of fixed parts,
+// a few in flight, into memory.
+func parallelDownload(c *s3.Client, key string, start, size, part int64, concurrency int) {
+	buf := make([]byte, size)
+	g, ctx := errgroup.WithContext(context.Background())
+	g.SetLimit(concurrency)
+	for off := int64(0); off < size; off += part {
+		n := min(part, size-off)
+		g.Go(func() error {
+			out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key),
+				Range: aws.String(fmt.Sprintf("bytes=%d-%d", start+off, start+off+n-1))})
+			if err != nil {
+				return err
+			}
+			defer out.Body.Close()
+			_, err = io.ReadFull(out.Body, buf[off:off+n])
+			return err
+		})
+	}
+	must(g.Wait())
+}
+
