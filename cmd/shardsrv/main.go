@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/example"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -75,6 +76,9 @@ type config struct {
 	s3           s3reader.Config
 	maxBodyBytes int64
 	window       int
+	memoryBytes  int64
+	cacheBytes   int64
+	cacheChunk   int64
 	planner      planner.Options
 	logLevel     string
 }
@@ -91,6 +95,9 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.s3.ReadTimeout, "s3-read-timeout", 30*time.Second, "time one attempt of one S3 read may take, headers and body")
 	fs.DurationVar(&c.s3.RetryBudget, "s3-retry-budget", 60*time.Second, "time one S3 read may spend retrying 5xx, SlowDown, resets and broken bodies")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", 64<<20, "largest request body accepted, in bytes (413 above)")
+	fs.Int64Var(&c.memoryBytes, "memory-bytes", 1536<<20, "memory budget for the cache and every stream's buffers together, in bytes; a request that finds it spent gets a 503")
+	fs.Int64Var(&c.cacheBytes, "cache-bytes", 512<<20, "shared-region cache, in bytes, taken from --memory-bytes (0 disables the cache)")
+	fs.Int64Var(&c.cacheChunk, "cache-chunk-bytes", 4<<20, "the cache's chunk: reads are aligned to it and storage is read in chunks (8 MiB for s3://)")
 	fs.IntVar(&c.window, "window", 4, "segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)")
 	fs.Int64Var(&c.planner.SegmentBytes, "segment-bytes", c.planner.SegmentBytes, "output bytes produced at once per stream")
 	fs.Int64Var(&c.planner.SegmentReadBytes, "segment-read-bytes", c.planner.SegmentReadBytes, "most bytes one segment reads into gather buffers; bigger segments are cut")
@@ -129,7 +136,7 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 		// Object storage: a request costs about 1 MiB of transfer (10-20 ms at 50-100 MB/s per
 		// connection), so merge gaps up to that, never past 16x what a read needs; 8 MiB parts keep
 		// the connections busy; bigger segments keep more of them in flight.
-		s3Defaults := map[string]string{"max-gap": "1048576", "max-read": "8388608", "segment-bytes": "16777216", "segment-read-bytes": "33554432", "max-overread": "16"}
+		s3Defaults := map[string]string{"max-gap": "1048576", "max-read": "8388608", "segment-bytes": "16777216", "segment-read-bytes": "33554432", "max-overread": "16", "cache-chunk-bytes": "8388608"}
 		for name, v := range s3Defaults {
 			if !set[name] && os.Getenv("SHARDSRV_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))) == "" {
 				fs.Set(name, v)
@@ -147,6 +154,9 @@ func (c *config) validate() error {
 	var errs []error
 	if c.store == "" {
 		errs = append(errs, errors.New("--store is required: the directory holding checkpoint folders (try 'make run' for an example)"))
+	}
+	if c.cacheBytes < 0 || c.cacheBytes >= c.memoryBytes || (c.cacheBytes > 0 && c.cacheBytes < c.cacheChunk) || c.cacheChunk <= 0 {
+		errs = append(errs, errors.New("--cache-bytes must be 0 or at least one --cache-chunk-bytes, and less than --memory-bytes"))
 	}
 	if c.maxBodyBytes <= 0 || c.window <= 0 || c.planner.MaxOverread < 0 || c.planner.SegmentBytes <= 0 || c.planner.SegmentReadBytes <= 0 || c.planner.MaxRead <= 0 || c.planner.MaxReads <= 0 || c.planner.MaxGap < 0 {
 		errs = append(errs, errors.New("sizes and counts must be positive (--max-gap may be 0)"))
@@ -181,9 +191,15 @@ func serve(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if c.cacheBytes > 0 {
+		if st, err = cache.New(st, c.cacheBytes, c.cacheChunk); err != nil {
+			return err
+		}
+		c.planner.Align = c.cacheChunk
+	}
 	srv := server.New(server.Config{
 		Catalog:      checkpoint.New(st),
-		Executor:     executor.New(st, c.window, c.planner.MaxRead),
+		Executor:     executor.New(st, c.window, c.planner.MaxRead, c.memoryBytes-c.cacheBytes),
 		Planner:      c.planner,
 		MaxBodyBytes: c.maxBodyBytes,
 		Logger:       log,

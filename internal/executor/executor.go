@@ -6,12 +6,15 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -24,62 +27,118 @@ type Executor struct {
 	// window is how many segments of one stream are in flight or waiting to be written.
 	window  int
 	maxRead int64
+	// memory holds the bytes of every segment buffer and read buffer of every stream.
+	memory      *semaphore.Weighted
+	memoryBytes int64
+	inFlight    atomic.Int64
 }
 
-// New returns an executor over s that keeps window segments of each stream in flight and splits
-// reads at maxRead bytes.
-func New(s store.Store, window int, maxRead int64) *Executor {
-	return &Executor{store: s, window: max(1, window), maxRead: maxRead}
+// ErrBusy is a stream refused because the memory budget is spent: come back later.
+var ErrBusy = errors.New("the server's memory budget for streams is spent")
+
+// New returns an executor over s that keeps window segments of each stream in flight, splits
+// reads at maxRead bytes, and holds at most memoryBytes of buffers across all streams.
+func New(s store.Store, window int, maxRead, memoryBytes int64) *Executor {
+	return &Executor{store: s, window: max(1, window), maxRead: maxRead, memory: semaphore.NewWeighted(memoryBytes), memoryBytes: memoryBytes}
+}
+
+// BytesInFlight is how much of the memory budget buffers hold now.
+func (e *Executor) BytesInFlight() int64 { return e.inFlight.Load() }
+
+// weight is the memory a segment holds while it is produced: its output and its read buffers,
+// never more than the whole budget (a segment bigger than the budget runs alone).
+func (e *Executor) weight(seg *planner.Segment) int64 {
+	w := seg.Bytes
+	for _, r := range seg.Spans {
+		w += r.Length
+	}
+	return min(w, e.memoryBytes)
+}
+
+func (e *Executor) acquire(ctx context.Context, w int64) error {
+	if err := e.memory.Acquire(ctx, w); err != nil {
+		return err
+	}
+	e.inFlight.Add(w)
+	return nil
+}
+
+func (e *Executor) release(w int64) {
+	e.inFlight.Add(-w)
+	e.memory.Release(w)
 }
 
 // Stream is one plan being produced. Next returns the body in order; Close must be called.
 type Stream struct {
+	e       *Executor
 	ctx     context.Context
 	cancel  context.CancelFunc
 	header  []byte
 	results []chan result
 	next    int
 	slots   chan struct{}
-	held    *[]byte // the buffer last returned by Next, recycled on the following call
+	held    *result // the segment last returned by Next, released on the following call
 	done    sync.WaitGroup
 }
 
 type result struct {
-	buf *[]byte
-	n   int64
-	err error
+	buf    *[]byte
+	n      int64
+	weight int64 // memory the segment holds until it is written
+	err    error
 }
 
 // Stream starts producing a plan's body: the first window of segments begins reading at once.
-func (e *Executor) Stream(ctx context.Context, p *planner.Plan) *Stream {
-	ctx, cancel := context.WithCancel(ctx)
+// It returns ErrBusy, without waiting, when the memory budget cannot take the first segment; later
+// segments wait for memory (backpressure).
+func (e *Executor) Stream(ctx context.Context, p *planner.Plan) (*Stream, error) {
 	var segs []*planner.Segment
 	for i := range p.Items {
 		for j := range p.Items[i].Segments {
 			segs = append(segs, &p.Items[i].Segments[j])
 		}
 	}
-	s := &Stream{ctx: ctx, cancel: cancel, header: p.Header, results: make([]chan result, len(segs)), slots: make(chan struct{}, e.window)}
+	var first int64
+	if len(segs) > 0 {
+		first = e.weight(segs[0])
+		if !e.memory.TryAcquire(first) {
+			return nil, ErrBusy
+		}
+		e.inFlight.Add(first)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s := &Stream{e: e, ctx: ctx, cancel: cancel, header: p.Header, results: make([]chan result, len(segs)), slots: make(chan struct{}, e.window)}
 	for i := range s.results {
 		s.results[i] = make(chan result, 1)
 	}
 	s.done.Go(func() {
 		for i, seg := range segs {
+			w := e.weight(seg)
+			var err error
 			select {
 			case s.slots <- struct{}{}:
+				if i > 0 {
+					err = e.acquire(ctx, w)
+				}
 			case <-ctx.Done():
+				err = ctx.Err()
+			}
+			if err != nil {
+				if i == 0 {
+					e.release(first)
+				}
 				for _, ch := range s.results[i:] {
-					ch <- result{err: ctx.Err()}
+					ch <- result{err: err}
 				}
 				return
 			}
 			s.done.Go(func() {
 				buf, err := e.produce(ctx, seg)
-				s.results[i] <- result{buf: buf, n: seg.Bytes, err: err}
+				s.results[i] <- result{buf: buf, n: seg.Bytes, weight: w, err: err}
 			})
 		}
 	})
-	return s
+	return s, nil
 }
 
 // Next returns the next part of the body, valid until the following call, and nil at the end. A
@@ -97,13 +156,21 @@ func (s *Stream) Next() ([]byte, error) {
 	r := <-s.results[s.next]
 	s.next++
 	if r.err != nil {
-		if r.buf != nil {
-			putBuf(r.buf)
-		}
+		s.e.free(r)
 		return nil, r.err
 	}
-	s.held = r.buf
+	s.held = &r
 	return (*r.buf)[:r.n], nil
+}
+
+// free returns what a produced segment holds: its buffer, its memory, its window slot.
+func (e *Executor) free(r result) {
+	if r.buf != nil {
+		putBuf(r.buf)
+	}
+	if r.weight > 0 {
+		e.release(r.weight)
+	}
 }
 
 // Prime waits until the first segment is ready, so a failure of the first read is known before a
@@ -119,7 +186,7 @@ func (s *Stream) Prime() error {
 
 func (s *Stream) recycle() {
 	if s.held != nil {
-		putBuf(s.held)
+		s.e.free(*s.held)
 		s.held = nil
 		<-s.slots
 	}
@@ -131,9 +198,7 @@ func (s *Stream) Close() {
 	s.cancel()
 	go func() { // drain what is still in flight without holding up the caller
 		for _, ch := range s.results[s.next:] {
-			if r := <-ch; r.buf != nil {
-				putBuf(r.buf)
-			}
+			s.e.free(<-ch)
 		}
 	}()
 }

@@ -394,7 +394,7 @@ func propertyCase(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := planner.Options{SegmentBytes: 1 + r.Int64N(256), SegmentReadBytes: 1 + r.Int64N(512), MaxGap: r.Int64N(64), MaxRead: 1 + r.Int64N(64), MaxReads: 1 << 20, MaxOverread: r.Int64N(4)}
+	opts := planner.Options{SegmentBytes: 1 + r.Int64N(256), SegmentReadBytes: 1 + r.Int64N(512), MaxGap: r.Int64N(64), MaxRead: 1 + r.Int64N(64), MaxReads: 1 << 20, MaxOverread: r.Int64N(4), Align: r.Int64N(3) * 16}
 	plan, err := planner.New(req, ck, opts)
 	legal := true
 	for _, p := range table {
@@ -411,7 +411,10 @@ func propertyCase(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatalf("plan: %v\nrequest: %+v", err, req)
 	}
-	stream := executor.New(st, 1+r.IntN(4), opts.MaxRead).Stream(context.Background(), plan)
+	stream, err := executor.New(st, 1+r.IntN(4), opts.MaxRead, 1+r.Int64N(4096)).Stream(context.Background(), plan)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer stream.Close()
 	var body []byte
 	for {

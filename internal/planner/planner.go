@@ -34,6 +34,9 @@ type Options struct {
 	// MaxOverread caps a merged read at this many times the bytes it needs (0: no cap), so a
 	// sparse layout does not read a whole file to save requests.
 	MaxOverread int64
+	// Align rounds gather reads out to multiples of this many bytes (the cache's chunks, 0: off),
+	// so overlapping requests of different clients read the same chunks.
+	Align int64
 }
 
 // DefaultOptions suit a local disk: 8 MiB segments, 64 KiB of gap worth a request, 16 MiB reads.
@@ -151,7 +154,10 @@ func New(req *api.ShardRequest, ck *checkpoint.Checkpoint, opts Options) (*Plan,
 		}
 	}
 	p.BodyBytes = pos
-	pl := &segmenter{opts: opts, plan: p}
+	pl := &segmenter{opts: opts, plan: p, fileEnds: map[string]int64{}}
+	for _, t := range ck.Tensors {
+		pl.fileEnds[t.Key] = max(pl.fileEnds[t.Key], t.End)
+	}
 	for i := range p.Items {
 		it := &p.Items[i]
 		spec := specByIndex(specs, it.Tensor)

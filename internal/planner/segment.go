@@ -13,6 +13,7 @@ type segmenter struct {
 	opts     Options
 	plan     *Plan
 	segments int64
+	fileEnds map[string]int64 // end of the last tensor of each file: aligned reads stop there
 }
 
 func rowStrides(lengths []int64, elem int64) []int64 {
@@ -163,7 +164,11 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 			return seg, 0, err
 		}
 		for _, r := range sp {
-			spans = append(spans, Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: r[1], Needed: r[2]})
+			off, end := r[0], r[0]+r[1]
+			if a := s.opts.Align; a > 0 {
+				off, end = off/a*a, min((end+a-1)/a*a, s.fileEnds[b.src.Key])
+			}
+			spans = append(spans, Read{Key: b.src.Key, Version: b.src.Version, Offset: off, Length: end - off, Needed: r[2]})
 		}
 	}
 	if covered < total {

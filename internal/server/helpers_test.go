@@ -22,6 +22,7 @@ import (
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -95,6 +96,20 @@ func eachStore(t *testing.T, opts planner.Options, f func(t *testing.T, h *harne
 		}
 		f(t, newHarness(t, opts, st, localPut(t, dir)))
 	})
+	t.Run("local+cache", func(t *testing.T) {
+		dir := t.TempDir()
+		local, err := store.NewLocal(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := cache.New(local, 1<<20, 4<<10) // small, so chunks are evicted and refilled
+		if err != nil {
+			t.Fatal(err)
+		}
+		aligned := opts
+		aligned.Align = 4 << 10
+		f(t, newHarness(t, aligned, st, localPut(t, dir)))
+	})
 	t.Run("s3", func(t *testing.T) {
 		g := s3test.Start(t)
 		bucket := fmt.Sprintf("bucket-%d", buckets.Add(1))
@@ -119,7 +134,7 @@ func localPut(t *testing.T, dir string) func(string, []byte) {
 func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(string, []byte)) *harness {
 	t.Helper()
 	srv := server.New(server.Config{
-		Catalog: checkpoint.New(st), Executor: executor.New(st, 3, opts.MaxRead), Planner: opts, MaxBodyBytes: 1 << 20,
+		Catalog: checkpoint.New(st), Executor: executor.New(st, 3, opts.MaxRead, 1<<30), Planner: opts, MaxBodyBytes: 1 << 20,
 	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
@@ -56,6 +57,8 @@ func toProblem(err error) *Problem {
 		return &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-checkpoint", Title: "The checkpoint cannot be served as stored", Detail: err.Error()}
 	case errors.Is(err, store.ErrChanged), errors.Is(err, store.ErrNotFound):
 		return &Problem{Status: http.StatusConflict, Slug: "checkpoint-changed", Title: "A checkpoint file changed while it was read", Detail: err.Error() + "; retry the request"}
+	case errors.Is(err, executor.ErrBusy):
+		return &Problem{Status: http.StatusServiceUnavailable, Slug: "busy", Title: "The server is busy", Detail: err.Error() + "; retry shortly", RetryAfter: 1}
 	case errors.Is(err, store.ErrUnavailable):
 		return &Problem{Status: http.StatusServiceUnavailable, Slug: "store-unavailable", Title: "The store is overloaded", Detail: err.Error(), RetryAfter: 1}
 	case errors.Is(err, context.DeadlineExceeded):

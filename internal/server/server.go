@@ -135,7 +135,11 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, p)
 		return
 	}
-	stream := s.cfg.Executor.Stream(r.Context(), plan)
+	stream, err := s.cfg.Executor.Stream(r.Context(), plan)
+	if err != nil {
+		writeProblem(w, r, toProblem(err))
+		return
+	}
 	defer stream.Close()
 	if err := stream.Prime(); err != nil {
 		if errors.Is(err, store.ErrChanged) || errors.Is(err, store.ErrNotFound) {

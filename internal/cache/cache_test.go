@@ -1,0 +1,176 @@
+package cache_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardsrv/shardsrv/internal/cache"
+	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/store/storetest"
+)
+
+func local(t *testing.T) (store.Store, func(string, []byte)) {
+	dir := t.TempDir()
+	s, err := store.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, func(key string, data []byte) {
+		p := filepath.Join(dir, key)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p+".tmp", data, 0o644)
+		os.Rename(p+".tmp", p)
+		later := time.Now().Add(time.Duration(len(data)) * time.Millisecond)
+		os.Chtimes(p, later, later)
+	}
+}
+
+func TestCacheConformance(t *testing.T) {
+	storetest.Run(t, storetest.Harness{New: func(t *testing.T) (store.Store, func(string, []byte)) {
+		inner, put := local(t)
+		c, err := cache.New(inner, 64<<10, 4<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Revalidate = 0 // every read checks its version, as the uncached stores do
+		return c, put
+	}})
+}
+
+func setup(t *testing.T, size int) (*cache.Store, *storetest.Counting, store.Info, []byte, func(string, []byte)) {
+	inner, put := local(t)
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	put("f", data)
+	counting := &storetest.Counting{Store: inner}
+	c, err := cache.New(counting, 1<<20, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := inner.Stat(context.Background(), "f")
+	return c, counting, info, data, put
+}
+
+func TestConcurrentMissesShareOneFetch(t *testing.T) {
+	c, counting, info, data, _ := setup(t, 100_000)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			p := make([]byte, 50_000)
+			if err := c.ReadAt(context.Background(), "f", info.Version, p, 10_000); err != nil || !bytes.Equal(p, data[10_000:60_000]) {
+				t.Errorf("read: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	// [10000, 60000) touches chunks 2..14: 13 chunks of 4 KiB, each read once.
+	if counting.Bytes() != 13*4096 || counting.Reads() != 13 {
+		t.Errorf("storage saw %d bytes in %d reads, want %d in 13", counting.Bytes(), counting.Reads(), 13*4096)
+	}
+	st := c.Stats()
+	if st.BytesFromStore != 13*4096 || st.Hits+st.Misses != 32*13 || st.FillsInFlight != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// slowStore blocks data reads until released.
+type slowStore struct {
+	store.Store
+	release chan struct{}
+}
+
+func (s *slowStore) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
+	<-s.release
+	return s.Store.ReadAt(ctx, key, version, p, off)
+}
+
+func TestOneClientsCancelDoesNotAbortAFillOthersWaitFor(t *testing.T) {
+	inner, put := local(t)
+	put("f", bytes.Repeat([]byte{7}, 8192))
+	info, _ := inner.Stat(context.Background(), "f")
+	slow := &slowStore{Store: inner, release: make(chan struct{})}
+	c, _ := cache.New(slow, 1<<20, 4096)
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- c.ReadAt(ctx, "f", info.Version, make([]byte, 100), 0) }()
+	second := make(chan error, 1)
+	p := make([]byte, 100)
+	go func() { second <- c.ReadAt(context.Background(), "f", info.Version, p, 0) }()
+	for c.Stats().FillsInFlight == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Errorf("the canceled reader got %v", err)
+	}
+	close(slow.release)
+	if err := <-second; err != nil || p[0] != 7 {
+		t.Errorf("the other reader got %v", err)
+	}
+}
+
+// failOnce fails its first data read.
+type failOnce struct {
+	store.Store
+	once sync.Once
+}
+
+func (f *failOnce) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
+	var err error
+	f.once.Do(func() { err = errors.New("boom") })
+	if err != nil {
+		return err
+	}
+	return f.Store.ReadAt(ctx, key, version, p, off)
+}
+
+func TestErrorsAreNotCached(t *testing.T) {
+	inner, put := local(t)
+	put("f", bytes.Repeat([]byte{3}, 4096))
+	info, _ := inner.Stat(context.Background(), "f")
+	c, _ := cache.New(&failOnce{Store: inner}, 1<<20, 4096)
+	p := make([]byte, 10)
+	if err := c.ReadAt(context.Background(), "f", info.Version, p, 0); err == nil {
+		t.Fatal("the first read should fail")
+	}
+	if err := c.ReadAt(context.Background(), "f", info.Version, p, 0); err != nil || p[0] != 3 {
+		t.Errorf("the second read: %v", err)
+	}
+}
+
+func TestCapacityIsBoundedInBytes(t *testing.T) {
+	c, counting, info, _, _ := setup(t, 1<<21) // 2 MiB file, 1 MiB cache of 4 KiB chunks
+	for range 2 {
+		if err := c.ReadAt(context.Background(), "f", info.Version, make([]byte, 1<<21), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := c.Stats()
+	if resident := st.BytesFromStore/4096 - st.Evictions; resident > 256 || resident <= 0 {
+		t.Errorf("stats %+v: %d chunks resident, the cache holds at most 256", st, resident)
+	}
+	if counting.Bytes() < 3<<20 {
+		t.Errorf("storage bytes %d: a cache of half the file cannot serve a second pass from memory", counting.Bytes())
+	}
+}
+
+func TestReplacedFileIsNeverServedFromStaleChunks(t *testing.T) {
+	c, _, info, data, put := setup(t, 10_000)
+	c.Revalidate = 0
+	p := make([]byte, 100)
+	if err := c.ReadAt(context.Background(), "f", info.Version, p, 0); err != nil || !bytes.Equal(p, data[:100]) {
+		t.Fatal(err)
+	}
+	put("f", bytes.Repeat([]byte{9}, 10_001))
+	if err := c.ReadAt(context.Background(), "f", info.Version, p, 0); !errors.Is(err, store.ErrChanged) {
+		t.Errorf("reading the old version from a warm cache: %v, want ErrChanged", err)
+	}
+}
