@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 )
 
@@ -110,6 +111,7 @@ func startServerEnv(bin, store string, env []string, extra ...string) *server {
 	cmd := exec.Command(bin, append([]string{"serve", "--store", store, "--addr", addr, "--log-level", "warn"}, extra...)...)
 	cmd.Stderr = os.Stderr
 	cmd.Env = append(os.Environ(), env...)
+	s3test.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		log.Fatal(err)
 	}

@@ -11,7 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -73,7 +76,6 @@ func s3Scenarios(r *report, bin, dir string) {
 		safetensors.TensorData{Name: "model.layers.0.self_attn.k_proj.weight", DType: "BF16", Shape: []int64{kvRows, hidden}, Data: randomBytes(kvRows*hidden*2, 2)},
 		safetensors.TensorData{Name: "model.layers.0.self_attn.v_proj.weight", DType: "BF16", Shape: []int64{kvRows, hidden}, Data: randomBytes(kvRows*hidden*2, 3)})
 	must(g.PutErr(bucket, "llama-layer/model.safetensors", layer))
-	const bigRows, bigCols = 16384, 16384 // 512 MiB of BF16
 	big := safetensorsFile(safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{bigRows, bigCols}, Data: randomBytes(bigRows*bigCols*2, 4)})
 	must(g.PutErr(bucket, "big/model.safetensors", big))
 	env := []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretKey, "AWS_REGION=us-east-1"}
@@ -98,12 +100,8 @@ func s3Scenarios(r *report, bin, dir string) {
 	)
 
 	// One direct 512 MiB shard: shardsrv against a plain parallel ranged download.
-	srv = startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", g.Endpoint)
-	defer srv.stop()
-	shard := rowSlab("big", 0, bigRows, 1, api.BF16)
-	shard.Tensors[0].Shape = []int64{bigRows, bigCols}
-	(*shard.Tensors[0].Blocks)[0].Lengths = []int64{bigRows, bigCols}
-	shard.Tensors[0].Boxes[0].Lengths = []int64{bigRows, bigCols}
+	srv = startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", g.Endpoint, "--cache-bytes", "0")
+	shard := bigSlab(bigRows)
 	size := int64(bigRows * bigCols * 2)
 	start := int64(len(big)) - size
 	// shardsrv's defaults for s3://: 4 segments of 16 MiB in flight, read in 8 MiB parts.
@@ -122,15 +120,19 @@ func s3Scenarios(r *report, bin, dir string) {
 		eg, ctx := errgroup.WithContext(ctx)
 		eg.SetLimit(concurrency)
 		for off := int64(0); off < size; off += parts {
-			eg.Go(func() error { return st.ReadAt(ctx, "big/model.safetensors", "", buf[off:off+min(parts, size-off)], start+off) })
+			eg.Go(func() error {
+				return st.ReadAt(ctx, "big/model.safetensors", "", buf[off:off+min(parts, size-off)], start+off)
+			})
 		}
 		must(eg.Wait())
 	})
 	r.add("S3 (versitygw on loopback): one 512 MiB direct shard",
 		row{fmt.Sprintf("AWS SDK parallel ranged download of the same bytes (%d MiB parts, %d in flight)", parts>>20, concurrency), throughput(size, base), ""},
 		row{"shardsrv's store stage alone (internal/s3reader, same parts, no HTTP hop)", throughput(size, stage), fmt.Sprintf("%.2f× the plain download", ratio(base, stage))},
-		row{"shardsrv, through HTTP to the client", throughput(size, got), fmt.Sprintf("%.2f× the plain download (goal ≥ 0.8×)", ratio(base, got))},
+		row{"shardsrv (cache off), through HTTP to the client", throughput(size, got), fmt.Sprintf("%.2f× the plain download (goal ≥ 0.8×)", ratio(base, got))},
 	)
+	srv.stop()
+	cacheScenarios(r, bin, g, env)
 }
 
 func must(err error) {
@@ -202,3 +204,73 @@ func parallelDownload(c *s3.Client, key string, start, size, part int64, concurr
 	must(g.Wait())
 }
 
+// cacheScenarios: a fully cached shard against an uncached one, and fan-in of many clients.
+func cacheScenarios(r *report, bin string, g *s3test.Gateway, env []string) {
+	// 64 MiB: rows [0, 2048) of the 16384 x 16384 BF16 tensor.
+	shard := bigSlab(2048)
+	cold := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", g.Endpoint, "--cache-bytes", "0")
+	uncached := timed(func() { fetch("http://"+cold.addr+"/v1/shards", shard) })
+	cold.stop()
+	warm := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", g.Endpoint, "--cache-bytes", "268435456")
+	cached := timed(func() { fetch("http://"+warm.addr+"/v1/shards", shard) })
+	warm.stop()
+	r.add("Cache: one 64 MiB shard over S3, latency",
+		row{"uncached (--cache-bytes 0)", p50(uncached), ""},
+		row{"fully cached (a warm 256 MiB cache)", p50(cached), fmt.Sprintf("%.2f× the uncached p50 (goal ≤ 0.5×)", cached[len(cached)/2].Seconds()/uncached[len(uncached)/2].Seconds())})
+
+	// Fan-in through the counting proxy, on a fresh server each time so the cache starts cold.
+	fanIn := func(reqs []api.ShardRequest) (storage int64, lat []time.Duration) {
+		proxy := g.NewProxy()
+		defer proxy.Close()
+		srv := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", proxy.URL, "--cache-bytes", "536870912", "--memory-bytes", "2147483648")
+		defer srv.stop()
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, req := range reqs {
+			wg.Go(func() {
+				start := time.Now()
+				fetch("http://"+srv.addr+"/v1/shards", req)
+				mu.Lock()
+				lat = append(lat, time.Since(start))
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		slices.Sort(lat)
+		storage, _ = rangeTotals(proxy.Ranges)
+		return storage, lat
+	}
+	same := make([]api.ShardRequest, 32)
+	for i := range same {
+		same[i] = bigSlab(2048)
+	}
+	sameBytes, sameLat := fanIn(same)
+	// Row-parallel at TP=8: each rank a column slab of rows [0, 2048) (64 MiB of unique bytes).
+	var ranks []api.ShardRequest
+	for rank := range int64(8) {
+		req := bigSlab(2048)
+		req.Tensors[0].Boxes[0] = api.Box{Offsets: []int64{0, rank * bigCols / 8}, Lengths: []int64{2048, bigCols / 8}}
+		ranks = append(ranks, req)
+	}
+	rankBytes, rankLat := fanIn(ranks)
+	const unique = 2048 * bigCols * 2
+	r.add("Fan-in over S3 with the cache (64 MiB of unique bytes, cold cache, all clients at once)",
+		row{"32 identical clients: storage bytes / unique bytes", fmt.Sprintf("%.3f", float64(sameBytes)/unique), "p50 " + p50(sameLat) + ", p99 " + p99(sameLat)},
+		row{"8 row-parallel ranks (column slabs): storage bytes / unique bytes", fmt.Sprintf("%.3f", float64(rankBytes)/unique), "p50 " + p50(rankLat) + ", p99 " + p99(rankLat)},
+	)
+}
+
+const bigRows, bigCols = 16384, 16384 // 512 MiB of BF16
+
+// bigSlab is rows [0, n) of the big tensor, as its own destination tensor.
+func bigSlab(n int64) api.ShardRequest {
+	blocks := []api.Block{{Offsets: []int64{0, 0}, Lengths: []int64{n, bigCols}, Source: "w", Base: []int64{0, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}}}
+	return api.ShardRequest{Checkpoint: "big", Tensors: []api.TensorRequest{{Name: "slab", Dtype: api.BF16, Shape: []int64{n, bigCols},
+		Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{n, bigCols}}}, Blocks: &blocks}}}
+}
+
+func p50(ds []time.Duration) string { return fmt.Sprintf("%.0f ms", ds[len(ds)/2].Seconds()*1000) }
+
+func p99(ds []time.Duration) string {
+	return fmt.Sprintf("%.0f ms", ds[min(len(ds)-1, len(ds)*99/100)].Seconds()*1000)
+}

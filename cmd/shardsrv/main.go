@@ -79,6 +79,7 @@ type config struct {
 	memoryBytes  int64
 	cacheBytes   int64
 	cacheChunk   int64
+	admitWait    time.Duration
 	planner      planner.Options
 	logLevel     string
 }
@@ -98,6 +99,7 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.Int64Var(&c.memoryBytes, "memory-bytes", 1536<<20, "memory budget for the cache and every stream's buffers together, in bytes; a request that finds it spent gets a 503")
 	fs.Int64Var(&c.cacheBytes, "cache-bytes", 512<<20, "shared-region cache, in bytes, taken from --memory-bytes (0 disables the cache)")
 	fs.Int64Var(&c.cacheChunk, "cache-chunk-bytes", 4<<20, "the cache's chunk: reads are aligned to it and storage is read in chunks (8 MiB for s3://)")
+	fs.DurationVar(&c.admitWait, "admit-wait", 5*time.Second, "how long a new stream waits for memory before it is refused with 503 and Retry-After")
 	fs.IntVar(&c.window, "window", 4, "segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)")
 	fs.Int64Var(&c.planner.SegmentBytes, "segment-bytes", c.planner.SegmentBytes, "output bytes produced at once per stream")
 	fs.Int64Var(&c.planner.SegmentReadBytes, "segment-read-bytes", c.planner.SegmentReadBytes, "most bytes one segment reads into gather buffers; bigger segments are cut")
@@ -198,8 +200,9 @@ func serve(args []string, stderr io.Writer) error {
 		c.planner.Align = c.cacheChunk
 	}
 	srv := server.New(server.Config{
-		Catalog:      checkpoint.New(st),
-		Executor:     executor.New(st, c.window, c.planner.MaxRead, c.memoryBytes-c.cacheBytes),
+		Catalog: checkpoint.New(st),
+		Executor: executor.New(st, executor.Config{Window: c.window, MaxRead: c.planner.MaxRead,
+			MemoryBytes: c.memoryBytes - c.cacheBytes, AdmitWait: c.admitWait}),
 		Planner:      c.planner,
 		MaxBodyBytes: c.maxBodyBytes,
 		Logger:       log,

@@ -85,7 +85,9 @@ func (s *Store) ChunkSize() int64 { return s.chunk }
 func (s *Store) String() string { return s.inner.String() }
 
 // Stat implements store.Store.
-func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) { return s.inner.Stat(ctx, key) }
+func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
+	return s.inner.Stat(ctx, key)
+}
 
 // List implements store.Store.
 func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
@@ -176,4 +178,3 @@ func (s *Store) get(ctx context.Context, k chunkKey, size int64) ([]byte, error)
 		return nil, ctx.Err()
 	}
 }
-

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
@@ -31,15 +32,29 @@ type Executor struct {
 	memory      *semaphore.Weighted
 	memoryBytes int64
 	inFlight    atomic.Int64
+	// admitWait is how long a new stream waits for memory before it is refused.
+	admitWait time.Duration
 }
 
 // ErrBusy is a stream refused because the memory budget is spent: come back later.
 var ErrBusy = errors.New("the server's memory budget for streams is spent")
 
-// New returns an executor over s that keeps window segments of each stream in flight, splits
-// reads at maxRead bytes, and holds at most memoryBytes of buffers across all streams.
-func New(s store.Store, window int, maxRead, memoryBytes int64) *Executor {
-	return &Executor{store: s, window: max(1, window), maxRead: maxRead, memory: semaphore.NewWeighted(memoryBytes), memoryBytes: memoryBytes}
+// Config sizes an executor.
+type Config struct {
+	// Window is how many segments of one stream are read ahead of the writer.
+	Window int
+	// MaxRead splits longer reads into parallel requests.
+	MaxRead int64
+	// MemoryBytes bounds the segment and read buffers of all streams together.
+	MemoryBytes int64
+	// AdmitWait is how long a new stream may wait for memory before it is refused (ErrBusy).
+	AdmitWait time.Duration
+}
+
+// New returns an executor over s.
+func New(s store.Store, cfg Config) *Executor {
+	return &Executor{store: s, window: max(1, cfg.Window), maxRead: cfg.MaxRead, memory: semaphore.NewWeighted(cfg.MemoryBytes),
+		memoryBytes: cfg.MemoryBytes, admitWait: cfg.AdmitWait}
 }
 
 // BytesInFlight is how much of the memory budget buffers hold now.
@@ -89,7 +104,7 @@ type result struct {
 }
 
 // Stream starts producing a plan's body: the first window of segments begins reading at once.
-// It returns ErrBusy, without waiting, when the memory budget cannot take the first segment; later
+// It returns ErrBusy when the memory budget cannot take the first segment within AdmitWait; later
 // segments wait for memory (backpressure).
 func (e *Executor) Stream(ctx context.Context, p *planner.Plan) (*Stream, error) {
 	var segs []*planner.Segment
@@ -101,10 +116,15 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan) (*Stream, error)
 	var first int64
 	if len(segs) > 0 {
 		first = e.weight(segs[0])
-		if !e.memory.TryAcquire(first) {
+		actx, cancel := context.WithTimeout(ctx, e.admitWait)
+		err := e.acquire(actx, first)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 			return nil, ErrBusy
 		}
-		e.inFlight.Add(first)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Stream{e: e, ctx: ctx, cancel: cancel, header: p.Header, results: make([]chan result, len(segs)), slots: make(chan struct{}, e.window)}

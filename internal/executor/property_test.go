@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
@@ -411,7 +412,7 @@ func propertyCase(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatalf("plan: %v\nrequest: %+v", err, req)
 	}
-	stream, err := executor.New(st, 1+r.IntN(4), opts.MaxRead, 1+r.Int64N(4096)).Stream(context.Background(), plan)
+	stream, err := executor.New(st, executor.Config{Window: 1 + r.IntN(4), MaxRead: opts.MaxRead, MemoryBytes: 1 + r.Int64N(4096), AdmitWait: time.Second}).Stream(context.Background(), plan)
 	if err != nil {
 		t.Fatal(err)
 	}

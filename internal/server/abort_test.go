@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
@@ -46,7 +47,7 @@ func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest)
 	st := &failingStore{Store: local, ok: ok, err: err}
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 16 << 10 // 16 segments
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, 2, opts.MaxRead, 1<<30), Planner: opts, MaxBodyBytes: 1 << 20})
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, MaxBodyBytes: 1 << 20})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return ts.URL, shardReq("m", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{64, 1024}, Boxes: whole(64, 1024), Blocks: copyOf("w", 64, 1024)})

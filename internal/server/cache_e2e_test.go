@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/cache"
@@ -35,7 +36,7 @@ func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, 
 	}
 	opts := planner.DefaultOptions()
 	opts.Align = chunk
-	srv := server.New(server.Config{Catalog: checkpoint.New(c), Executor: executor.New(c, 4, opts.MaxRead, 1<<30), Planner: opts, MaxBodyBytes: 1 << 20})
+	srv := server.New(server.Config{Catalog: checkpoint.New(c), Executor: executor.New(c, executor.Config{Window: 4, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, MaxBodyBytes: 1 << 20})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	if res, err := http.Get(ts.URL + "/v1/tensors?checkpoint=m"); err == nil { // warm the catalog
@@ -116,4 +117,3 @@ func TestEightRowParallelRanksReadTheTensorAboutOnce(t *testing.T) {
 		t.Errorf("8 ranks read %d bytes from storage, %.2f× the tensor (goal ≤ 1.1×)", got, float64(got)/float64(size))
 	}
 }
-

@@ -92,7 +92,7 @@ func faultServer(t *testing.T, cfg s3reader.Config) *faultEnv {
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 64 << 10
 	opts.MaxGap = 1 << 20
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, 1, opts.MaxRead, 1<<30), Planner: opts,
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, executor.Config{Window: 1, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts,
 		MaxBodyBytes: 1 << 20, Logger: slog.New(slog.NewJSONHandler(e.logs, nil))})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
@@ -263,7 +263,7 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, 1, 1<<20, 1<<30), Planner: planner.DefaultOptions(),
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: planner.DefaultOptions(),
 		MaxBodyBytes: 1 << 20, Logger: slog.New(slog.NewJSONHandler(e.logs, nil))})
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -134,7 +135,7 @@ func localPut(t *testing.T, dir string) func(string, []byte) {
 func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(string, []byte)) *harness {
 	t.Helper()
 	srv := server.New(server.Config{
-		Catalog: checkpoint.New(st), Executor: executor.New(st, 3, opts.MaxRead, 1<<30), Planner: opts, MaxBodyBytes: 1 << 20,
+		Catalog: checkpoint.New(st), Executor: executor.New(st, executor.Config{Window: 3, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, MaxBodyBytes: 1 << 20,
 	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

@@ -69,6 +69,9 @@ func Start(t testing.TB) *Gateway {
 	return g
 }
 
+// DieWithParent makes a child process exit when this one does, even on a crash.
+func DieWithParent(cmd *exec.Cmd) { dieWithParent(cmd) }
+
 // Run starts versitygw on a free loopback port over dir.
 func Run(bin, dir string) (*Gateway, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -81,6 +84,7 @@ func Run(bin, dir string) (*Gateway, error) {
 	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+AccessKey, "ROOT_SECRET_KEY="+SecretKey)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
