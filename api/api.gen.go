@@ -319,6 +319,9 @@ type ServerInterface interface {
 	// Healthz Liveness
 	// (GET /healthz)
 	Healthz(w http.ResponseWriter, r *http.Request)
+	// Metrics Prometheus metrics
+	// (GET /metrics)
+	Metrics(w http.ResponseWriter, r *http.Request)
 	// Readyz Readiness (the store is reachable)
 	// (GET /readyz)
 	Readyz(w http.ResponseWriter, r *http.Request)
@@ -343,6 +346,12 @@ type Unimplemented struct{}
 // Healthz Liveness
 // (GET /healthz)
 func (_ Unimplemented) Healthz(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// Metrics Prometheus metrics
+// (GET /metrics)
+func (_ Unimplemented) Metrics(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -390,6 +399,20 @@ func (siw *ServerInterfaceWrapper) Healthz(w http.ResponseWriter, r *http.Reques
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.Healthz(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// Metrics operation middleware
+func (siw *ServerInterfaceWrapper) Metrics(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.Metrics(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -614,6 +637,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/v1/tensors", wrapper.ListTensors)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/metrics", wrapper.Metrics)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/healthz", wrapper.Healthz)
 	})
 	r.Group(func(r chi.Router) {
@@ -628,46 +654,49 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fn/b9u6Ef9XDtyAJniK7XzpW+v+sqQvxTKkS5G0+2FN0dLSyWZDkXokFdst/L8PR0q2ZMuJ3L10GLBf",
-	"HDs8He/7fe70ncU6y7VC5SwbfmcGba6VRf/jndEjiRl9jbVyqBx95XkuRcyd0KqfB4pfvlqt6MzGE8w4",
-	"ffuzwZQN2Z/6K/79cGr7Fd/FYhGxBG1sRE7s2JCdKrh+8xpenjz/C5TMe4zIymeJ9ZnU8Z2XJEkEPcfl",
-	"O6NzNE6Q3CmXFtf5nkvMUDmYgU7BTRBGxOSZhZGegbCQa+v2rC5MjB9H3CL8ArHGNIW/wt4MDkCnqUVn",
-	"9z/t91jE8tp13xnRP6byhUpwxhYR81yJuinflUIwego5GghiQCIyVFZoFYFWCLGWRaY8QYLWCeU9sKIi",
-	"uYTDzHYWxc1zZEPGjeFz+i1Rjd3k0ecvS7JFxEqrdL6RrEzEneR8p627ytsEDQai5zOhgjhseLiks84I",
-	"NfZRY/D3QhhM2PDjUtiVoktOUfBh5Z1PS1Z69BVjR3ee6dmjIdcMi6c256PqbVHjneQ+V3+utBHThcsL",
-	"93k0d+HGVJuMOzZkQrlfT9hSWKEcjtHUHgk3dXwmFxiHC7pFGZF7k7QEmkGedGd1jTxp59QhEpuqrllr",
-	"qVUlUptrX08wvsu1UO5ShDRrejhenjdVWsuaR2Svc2mT4rf3/j/fGaoiowfOrq4uWcQ+vGARu6CPD4e/",
-	"0lf/+eH4iL77zw/eoRf+840/PQt/3vjjN+Hgxefzk7fH5bfnb49qQqw0eCNQJufGaLNphgQdF7JVca8W",
-	"ms3qfAp/v7n6B5TnIJTTvomQYdA6GOlkHoEt4glwC32Hympj+4O+7zK2f9T3haXHHqtRlQRRJWabif+G",
-	"XFLFW9fMOu6KNpeuXVLStbEOyVqPjo2My4QSGbl20JZ96xl0uSorHVgedmG5ytgNP72fIOTcOGry1DO9",
-	"+UEoKxIMXV/PWvp3hSeazLwtGnABhPI/gn8JPHj39lrr0O4FNdMJboqRCIOxg+kEFeA9mjncczMXarxq",
-	"/TDl8s4C30AOJL1wFvRUwVS4CViHORwCVwko7UEP6Bw8okP7CsbcTdCAps+psEiaVXkc5GARC0Stebdr",
-	"S1g18ocjNnio1q7bKqg3X1tQU6xcl7i2JWuKLONm/mifkFzdlKQUlCHFO/eG956+U3eoBFpdsk2pm5Xo",
-	"TZ0UYoLJqtU2I+omRIk/9fFsJ9wkkGCOKrGg1RCQxxPYG+lZFGJ8H/Q9GsnzZxYSQegzdlW0YYDWPg26",
-	"9/Qtsp15ocqkM3wK1UDia2zHK6hHPnwBcc8lV5CiiydoITU6A+u04WMEnlKVjzWXaGOhxrtcW7aENrOX",
-	"3H0HX0mQ8TvsZrt1FNFECA2fN2ywLllrOAWwvRvCTVzZ6x+K/AAIyPF5HRYoHFPOFpJFdCUVmllOCJxb",
-	"11pb7rksWsrjVY6GyplOISukr2w8SRr2THQxkrgyqCqyUZs983bLrIbgzkACCXp0Lw41uNLS74SyjqvW",
-	"Mhlt9vx64xRO4gMI77Gq608rNtFDsGGJfDeMlIotIshybOs2B3QfANZ08PcvGSyvbVPihqrgdUiSHRNh",
-	"BYrbsGOqZYIG9u5wDrnBVMz2oVD0L198nTY0+2sXURB/PD34Fz/4Njh42ft88AksjpfFdcOGlTHoypQX",
-	"kuxi+LTWtMMvy1Pc7CW1cPihZlaZauEB3EV48LDz+PBIfwt3XKhUt2ReFb+b6K+mKniyV+GPBV04DwN9",
-	"PQJuEKSwDhMYFQ5irpR2MEKwaO4xaTf3tlhWPNuSnROe44+N855nVKpacSpl2G6vxya/9mrwQ+73rln8",
-	"se5uryEjPdthoK82HC2VdIuf2i0fbt0u649VijAxdFfGA98WVXa2ySNpGu3YzFMh5WYG/pN6NFWxkZ4t",
-	"cSFNGmF8iglE2ld+FNGFA+HKiaYkhaywPgk9IXbr4iu3PrgMfIpk3BYiC9+1Q+Vaw4BUXSwYzHieY1JO",
-	"kgGAVyC0VsFqy5YenEIsBVnp3dXNe1uNs0u0fKvqa+GKg3Aw0TKxHhiFlUXGc3B8JBH2QjTug5twB5bP",
-	"LY2ZBkuv1PjdqspFsc5KuPwqtC809yKuUK1Wch4kmzvC72qMXgYCp0EG6wzyzMKIx3eAMx47Ob9V9Ehd",
-	"fA9ce3CDCNfnp7+9Pe9lCaTa1GZxixlXTsQr1fydks914Xq3ipq9iLGc+UKMsNOcxxM8OOoNagCJBfOb",
-	"exYxCtDgqsPeIFDpHBXPBRuy496gd8wilvNysO9P/CrmG30fB4BCye51uEjYsFzVfPMQvPZi5WgweOCl",
-	"ym4vU8ptUMu7FL8NMTpGa0FY4FLcY/kypRoc2aW4R4XW+n/3yYnz7dpch+P/ijL+7h754/ngeBubpVy1",
-	"V0x1bYmJIHVhbwW9BOUjjyeUEvvBDveH/bVtaas9qNu+rtE9oWHWlrstBlpRAAW7LW11tIOtiP7kR21L",
-	"cvk0rFmuWph5Qy9Nm1ddvnwb1DQqTaK+gYcSjNad6WT+hxmygfIXzULvTIGLJ3RiYxG1LWElV951J+Hi",
-	"zq472cl1ETs5PN6N/mjXUNqV/vhnhSr5AXi59qp2+BUoMb5GjKvWnHDHl5EbGkU9dpsO/GL49MvQNyq/",
-	"QSt5CLW8RZsETbSiKBe0oZELVZ2Xzf2ZXaKoW0Vc9PQg41+1qeikcE7iAapEcBVt7Kc9YIG9s6ury2FY",
-	"iM8dRjAAbeBwv3ervtTQxpch2aSGPmjW8OiBzEFPl+rkaDzA27Mb7dlXHmJ8Xm6qpUhCR9cGYu641GPw",
-	"2xHfkapX/DDClEoxCZ8KQyBw7vAVyVMuzVIuZGHwVoXdHBFOkCdoLEwJsVjCJnykjQvIKNZKYez823Or",
-	"S3smc7rVTrRxESgCOTA1Wo0DWtgsQzfB3f8LhUjHDt1BAFdNGZYAeiRUuVbeGH/qnO5V0qsvDHZk1lrU",
-	"NqBdFF5HcBUgILwOWh0E/E64v/QuXdo83CLQ1n3Q4mfU0sHL/9febrX3xodo/e0pJo05BlrGmGUBrgXl",
-	"VkT2vqQhnG54hs6H0cfvTFA4/l6gj9tyIGgsKJoJGNXCbD3KPz0hSqhtcrak00roZ7Yy0c/BDE8eh/85",
-	"/Ky6l06B1ywVbOm3e2U4FEayIZs4lw/7faljLifauuGLwYsBW3xa/DsAAP//",
+	"7Fpfc9u4Ef8qO2hnYs9Rf2znrjnlpXbOmbrj1B476UNjzwUilyLOJMADQEtKRt+9swAoURJlSe75ep3p",
+	"i0yJy8X+398u/Y3FqiiVRGkNG3xjGk2ppEH35VqrYY4FXcZKWpSWLnlZ5iLmVijZKz3Fd78YJemeiTMs",
+	"OF39WWPKBuxPvQX/nr9rejXf2WwWsQRNrEVJ7NiAnUq4ef8Ofnz9/V8gMO8yIgvPEuuzXMUPTpIkEfQc",
+	"z6+1KlFbQXKnPDe4yvc8xwKlhQmoFGyGMCQmrwwM1QSEgVIZe2BUpWP8POQG4TuIFaYp/BUOJtABlaYG",
+	"rTm8P+yyiJWN474xot+m8oVMcMJmEXNciXpZviuJoNUYStTgxYBEFCiNUDICJRFilVeFdAQJGiuk88CC",
+	"iuQSFguzsyh2WiIbMK41n9L3HOXIZlufvwxks4gFq+x8IlmZiHeS81oZe1W2CeoNRM8XQnpx2OBoTmes",
+	"FnLkokbjr5XQmLDB57mwC0XnnCLvw9o793NWavgLxpbOPFOTrSG3HBYvbc6t6m1Q4zrnLld/X2kjpipb",
+	"Vvbn4dT6E1OlC27ZgAlpf3jN5sIKaXGEuvGIP2nHZ0qBsT9gtygjcmeSlkDTyJPdWd0gT9o57RCJy6qu",
+	"WGuuVS1Sm2vfZRg/lEpIeyl8mi17OJ7fX1ZpJWu2yN7k0ibFTx/dL98YyqqgB86uri5ZxD69YRG7oI9P",
+	"Rz/Qpfv8dHJM1+7zk3Pohft87+6e+T/v3e33/sabn89ffzgJV99/OG4IsdDgvcA8Odda6XUzJGi5yFsV",
+	"d2qhXq/Op/D326t/QLgPQlrlmggZBo2FoUqmEZgqzoAb6FmURmnT6/dclzG9454rLF22rUbVEkS1mG0m",
+	"/hvynCreqmbGclu1uXTlkEDXxtonazM61jKuEFIU5Np+W/atZtDloqzswPJoF5aLjF3z08cMoeTaUpOn",
+	"nunMD0IakaDv+mrS0r9rPLHMzNliCS6AkO6L9y+BB+febmsd2r+gFirBdTESoTG2MM5QAj6insIj11Mh",
+	"R4vWD2OePxjga8iBpBfWgBpLGAubgbFYwhFwmYBUDvSAKsEhOjRvYcRthhoUfY6FQdKszmMvB4uYJ2rN",
+	"u31bwqKRPx2x3kONdt1WQZ352oKaYuUm4NqWrKmKguvp1j6Rc3kbSCkofYrv3Bs+OvqdukMt0OKQTUrd",
+	"LkRf1kkiJpgsWu1yRN36KHF3XTybjOsEEixRJgaUHADyOIODoZpEPsYPQT2iznn5ykAiCH3Gto429NDa",
+	"pcHuPX2DbGdOqJB0mo+hHkhcjd3xCOqRTx9A3MucS0jRxhkaSLUqwFil+QiBp1TlY8VzNLGQo32ODS2h",
+	"zeyBu+vgCwkK/oC72W4VRSwjhCWfL9lgVbLWcPJgez+Em9jQ65+KfA8IyPFlExZIHFHOVjmL6EgqNJOS",
+	"EDg3trW2PPK8aimPVyVqKmcqhaLKXWXjSbJkz0RVwxwXBpVVMWyzZ9lumcUQvDOQQIIeuxeHBlxp6XdC",
+	"Gstla5mM1nt+s3EKm+MTCG9b1XV3azbRU7BhjnzXjJSKDSLkYWzbbQ7YfQBY0cGdP2cwP7ZNiVuqgjc+",
+	"SfZMhAUobsOOqcoT1HDwgFMoNaZicgiVpJ9c8bVK0+yvbERB/Pm08y/e+drv/Nj9uXMPBkfz4rpmw9oY",
+	"dGTKq5zsovm40bT9N8NTXO8ljXB4VjOrTTVzAO7CP3i08/iwpb/5My5kqloyr47fdfTXUBUc2Vv/x4Cq",
+	"rIOBrh4B1wi5MBYTGFYWYi6lsjBEMKgfMWk396ZYlrzYkJ0ZL/F547zjGQVVa05Bhs322jb5tVeDZ7nf",
+	"uWb227q7vYYM1WSPgb7ecLRU0g1+are8P3WzrM+rFH5i2F0ZB3xbVNnbJlvSNNqzmaciz9cz8J/Uo6mK",
+	"DdVkjgtp0vDjU0wg0rx1o4iqLAgbJppACkVlXBI6Qtytiy/c+uQy8CWScVOI0GEYV1rY6S3xDa5HrtuW",
+	"CzfhIFD1gKdVZdHVpV7mZv2vEfQIw02/OoDTK9BqERs/FLomQlVLg66k8YNep8Mrm3WsekBpOlQ1yJhO",
+	"S5I0yDKXPLO29Ot4ESruCnYl/gY0FrwsMQkTsB8cavDcqLyNJVEXTiHOBXn3+ur2o6nH8DnKv5PNdXbN",
+	"QVjIVJ4Yp69ftRS8BMuHOcKBz6JDsBm3YPjUWUJjMF+D352sQytWRYD5b+cWE3GNxpXMp16yqaW5Q47Q",
+	"yUCg2stgrEZeGBjy+AFwwmObT+8kPdIU3wHuLtwiws356U8fzrtFAqnSjR2CwYJLS96rVXNn5nyqKtu9",
+	"kwRSRIxhVvWxzU5LHmfYOe72G8COefPrRxYxSizvqqNu31OpEiUvBRuwk26/e8IiVvKwkKjDiq5HHlhR",
+	"kXI6XCRsEFZMX93o0HghdNzvP/EyaL+XQGGL1fIOyG1xtIrRGBAGeC4eMbwEqgdedikeUaIx7uc6Hzaq",
+	"8yHc36qOxYntlTkXK4qsdow1mcMJ9YboWqsCbYaVAWIJvop1yS2v+683mWYuXOMNWVPpBtdaY6e+Lw0b",
+	"tb/xt/8rvnRnO72/7588V29iIsjbcLBAzILKEY8zqgiH3g6PR72VJXerPQgkvWvQvaBhVnbyLQZaUADl",
+	"ugkxcrSHrci2x3vSPzsGSQ8X4g1L11HvHDN3RVmDufDSb9kJ18pYh9N8p0Vjz1Qy/c0MvzTMzZb7udUV",
+	"zl7Q6Uv7xk31LecyuLq/l+v2DY39yk3EXh+d7Ed/fPzCoXrye4U2+Q142IbWr3ZqrKpdDRrVyCfhls8j",
+	"3ffhZqwvO/yL5uMvA4cD3GI18BByforSCepoQRH29h4nCVnfD9jplZmD6ztJXNS4U/BflK7pcmFtjh2U",
+	"ieAyWntt4XAsHJxdXV0O/HuSqcUI+qA0HB127+SXBpj7MiCbNMAdgUkHzsgc9HRQp0TtcP+BWUM/rrIR",
+	"4/PwAiMXiQdMSkPMLc/VCNzSzDX8+j8/YIgplXoSPhWaZoOpxbckT9ilplzklcY76Ve2RJghT1AbGBMg",
+	"NAT9+FBp64FnrKTE2Lp/qjAq2DOZ0qkmU9pGIAlDwlgrOfJgbL1s3Xp3/y8ULhVbtB2PXZdlmM9VQyHD",
+	"24a1qbjJ6VEm3eYeaU9mrUVwDTlHfnjh0iNseOe16vixjiaY4F06dPnmBoE2rglnf8Ta2//x/7V6t1p9",
+	"60K6+RIek6WxElqmynnBbgTxRoT4MdDQ2KR5gdaF3edvjGYD9muFLs7DfLa051pO2OiJMeL+BVFIYyG4",
+	"If0WQr8ytYn+mJjkxeP2P4fDdXdUKfCGZb3t620Qxc8sWqyCPt9TCPjljQ+uSudhHTPo9XIV8zxTxg7e",
+	"9N/02ex+9u8AAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

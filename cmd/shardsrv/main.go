@@ -30,7 +30,11 @@ import (
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/telemetry"
 )
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
 
 const usage = `shardsrv serves remapped tensor shards from safetensors checkpoints.
 
@@ -80,6 +84,9 @@ type config struct {
 	cacheBytes   int64
 	cacheChunk   int64
 	admitWait    time.Duration
+	limits       server.Limits
+	tokensFile   string
+	grace        time.Duration
 	planner      planner.Options
 	logLevel     string
 }
@@ -108,6 +115,13 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.Int64Var(&c.planner.MaxReads, "max-reads", c.planner.MaxReads, "refuse (422) a request whose plan needs more reads or segments than this")
 	fs.Int64Var(&c.planner.MaxOverread, "max-overread", 0, "a merged read may be at most this many times the bytes it needs (0: no cap; 16 for s3://)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.IntVar(&c.limits.MaxTensors, "max-tensors", 65536, "tensors per request (413 above)")
+	fs.IntVar(&c.limits.MaxBlocks, "max-blocks", 1<<20, "blocks per request, all tensors together (413 above)")
+	fs.IntVar(&c.limits.MaxStreams, "max-streams", 64, "concurrent shard streams (503 with Retry-After above)")
+	fs.DurationVar(&c.limits.RequestTimeout, "request-timeout", 30*time.Minute, "longest a request may take, streaming included")
+	fs.DurationVar(&c.limits.WriteTimeout, "write-timeout", time.Minute, "longest one write to a client may take; a stalled client is cut off and its buffers freed")
+	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it changes; every route but /healthz, /readyz and /metrics then needs one (default: no auth)")
+	fs.DurationVar(&c.grace, "shutdown-grace", 25*time.Second, "on SIGTERM, how long in-flight streams may take to finish; /readyz answers 503 at once")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: shardsrv serve --store DIR|s3://BUCKET/PREFIX [flags]\n\n"+
 			"Runs the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n"+
@@ -189,23 +203,43 @@ func serve(args []string, stderr io.Writer) error {
 	var level slog.Level
 	level.UnmarshalText([]byte(c.logLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	st, err := openStore(context.Background(), c)
+	tel, err := telemetry.New(context.Background(), "shardsrv", version)
 	if err != nil {
 		return err
 	}
+	defer tel.Shutdown(context.Background())
+	raw, err := openStore(context.Background(), c)
+	if err != nil {
+		return err
+	}
+	var st store.Store = telemetry.InstrumentStore(raw, tel.Tracer, tel.Meter)
 	if c.cacheBytes > 0 {
-		if st, err = cache.New(st, c.cacheBytes, c.cacheChunk); err != nil {
+		cached, err := cache.New(st, c.cacheBytes, c.cacheChunk)
+		if err != nil {
 			return err
 		}
+		telemetry.ObserveCache(tel.Meter, cached)
+		st = cached
 		c.planner.Align = c.cacheChunk
+	}
+	var tokens *server.Tokens
+	if c.tokensFile != "" {
+		if tokens, err = server.LoadTokens(c.tokensFile); err != nil {
+			return err
+		}
 	}
 	srv := server.New(server.Config{
 		Catalog: checkpoint.New(st),
 		Executor: executor.New(st, executor.Config{Window: c.window, MaxRead: c.planner.MaxRead,
-			MemoryBytes: c.memoryBytes - c.cacheBytes, AdmitWait: c.admitWait}),
+			MemoryBytes: c.memoryBytes - c.cacheBytes, AdmitWait: c.admitWait, Tracer: tel.Tracer.Tracer("shardsrv/executor")}),
 		Planner:      c.planner,
 		MaxBodyBytes: c.maxBodyBytes,
+		Limits:       c.limits,
+		Tokens:       tokens,
 		Logger:       log,
+		Tracer:       tel.Tracer,
+		Meter:        tel.Meter,
+		Metrics:      tel.Metrics,
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
@@ -216,16 +250,22 @@ func serve(args []string, stderr io.Writer) error {
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(ln) }()
-	log.Info("serving", "addr", ln.Addr().String(), "store", st.String())
+	log.Info("serving", "addr", ln.Addr().String(), "store", st.String(), "cache_bytes", c.cacheBytes, "auth", tokens != nil)
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Readiness fails at once; new connections are refused; streams get the grace period.
+	srv.Drain()
+	log.Info("shutting down", "grace", c.grace.String())
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.grace)
 	defer cancel()
-	return httpSrv.Shutdown(shutdownCtx)
+	if err := httpSrv.Shutdown(shutdownCtx); err != nil {
+		log.Warn("streams still running at the end of the grace period were cut off", "err", err)
+		httpSrv.Close()
+	}
+	return nil
 }
 
 func writeExample(args []string, stdout io.Writer) error {

@@ -14,6 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 
@@ -34,6 +37,7 @@ type Executor struct {
 	inFlight    atomic.Int64
 	// admitWait is how long a new stream waits for memory before it is refused.
 	admitWait time.Duration
+	tracer    trace.Tracer
 }
 
 // ErrBusy is a stream refused because the memory budget is spent: come back later.
@@ -49,12 +53,17 @@ type Config struct {
 	MemoryBytes int64
 	// AdmitWait is how long a new stream may wait for memory before it is refused (ErrBusy).
 	AdmitWait time.Duration
+	// Tracer records a span per segment's gather; nil records nothing.
+	Tracer trace.Tracer
 }
 
 // New returns an executor over s.
 func New(s store.Store, cfg Config) *Executor {
+	if cfg.Tracer == nil {
+		cfg.Tracer = noop.NewTracerProvider().Tracer("")
+	}
 	return &Executor{store: s, window: max(1, cfg.Window), maxRead: cfg.MaxRead, memory: semaphore.NewWeighted(cfg.MemoryBytes),
-		memoryBytes: cfg.MemoryBytes, admitWait: cfg.AdmitWait}
+		memoryBytes: cfg.MemoryBytes, admitWait: cfg.AdmitWait, tracer: cfg.Tracer}
 }
 
 // BytesInFlight is how much of the memory budget buffers hold now.
@@ -259,6 +268,10 @@ func (e *Executor) produce(ctx context.Context, seg *planner.Segment) (*[]byte, 
 	if err := g.Wait(); err != nil {
 		putBuf(buf)
 		return nil, err
+	}
+	if len(seg.Copies) > 0 {
+		_, span := e.tracer.Start(ctx, "gather", trace.WithAttributes(attribute.Int("copies", len(seg.Copies)), attribute.Int64("bytes", seg.Bytes)))
+		defer span.End()
 	}
 	for _, c := range seg.Copies {
 		if err := tensor.Copy(c.Pipeline, out[c.Dst:], spanSource{spans: spans, key: c.Key}, c.Src, c.Layout); err != nil {

@@ -1,11 +1,18 @@
 package server
 
 import (
+	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // recorder notes the status and body bytes of a response.
@@ -44,6 +51,19 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		defer func() {
 			aborted := recover()
 			route := chi.RouteContext(r.Context()).RoutePattern()
+			if route == "" {
+				route = "unmatched"
+			}
+			// otelhttp's request span and metrics learn the route once chi has found it.
+			if labeler, ok := otelhttp.LabelerFromContext(r.Context()); ok {
+				labeler.Add(semconv.HTTPRoute(route))
+			}
+			span := trace.SpanFromContext(r.Context())
+			span.SetName(r.Method + " " + route)
+			span.SetAttributes(semconv.HTTPRoute(route), attribute.String("request_id", id))
+			attrs := metric.WithAttributes(attribute.String("route", route), attribute.Int("status", rec.status), attribute.Bool("aborted", aborted != nil))
+			s.metrics.requests.Add(context.WithoutCancel(r.Context()), 1, attrs)
+			s.metrics.served.Add(context.WithoutCancel(r.Context()), rec.bytes, metric.WithAttributes(attribute.String("route", route)))
 			s.log.Info("request", "request_id", id, "method", r.Method, "route", route, "path", r.URL.Path,
 				"status", rec.status, "bytes", rec.bytes, "duration_ms", time.Since(start).Milliseconds(), "aborted", aborted != nil)
 			if aborted != nil {
@@ -51,5 +71,26 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			}
 		}()
 		next.ServeHTTP(rec, r)
+	})
+}
+
+// openPaths need no token: probes and the scrape endpoint.
+var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+
+// authenticate checks the bearer token when the server has tokens.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.Tokens == nil || openPaths[r.URL.Path] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || !s.cfg.Tokens.Valid(strings.TrimSpace(token)) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="shardsrv"`)
+			writeProblem(w, r, &Problem{Status: http.StatusUnauthorized, Slug: "unauthorized", Title: "A valid bearer token is required",
+				Detail: "send 'Authorization: Bearer <token>' with a token this server accepts"})
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
 }

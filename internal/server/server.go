@@ -9,13 +9,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
@@ -31,30 +39,74 @@ type Config struct {
 	Planner  planner.Options
 	// MaxBodyBytes bounds a request body (413 above it).
 	MaxBodyBytes int64
-	Logger       *slog.Logger
+	Limits       Limits
+	// Tokens, when set, are the bearer tokens every route but /healthz, /readyz and /metrics needs.
+	Tokens *Tokens
+	Logger *slog.Logger
+	// Tracer and Meter default to no-ops; Metrics serves /metrics (404 when nil).
+	Tracer  trace.TracerProvider
+	Meter   metric.MeterProvider
+	Metrics http.Handler
+}
+
+// Limits protect the service from requests that would take more than their share.
+type Limits struct {
+	MaxTensors int // tensors per request (413 above)
+	MaxBlocks  int // blocks per request, all tensors together (413 above)
+	MaxStreams int // concurrent shard streams (503 with Retry-After above)
+	// RequestTimeout bounds a whole request; WriteTimeout one write to the client, so a stalled
+	// client lets go of its buffers.
+	RequestTimeout time.Duration
+	WriteTimeout   time.Duration
 }
 
 // Server implements api.ServerInterface.
 type Server struct {
-	cfg Config
-	log *slog.Logger
+	cfg      Config
+	log      *slog.Logger
+	tracer   trace.Tracer
+	metrics  *metrics
+	streams  chan struct{}
+	draining atomic.Bool
 }
 
 var _ api.ServerInterface = (*Server)(nil)
 
 // New returns a server.
 func New(cfg Config) *Server {
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log}
+	if cfg.Tracer == nil {
+		cfg.Tracer = tracenoop.NewTracerProvider()
+	}
+	if cfg.Meter == nil {
+		cfg.Meter = metricnoop.NewMeterProvider()
+	}
+	l := &cfg.Limits
+	for _, v := range []*int{&l.MaxTensors, &l.MaxBlocks, &l.MaxStreams} {
+		if *v <= 0 {
+			*v = math.MaxInt32
+		}
+	}
+	for _, v := range []*time.Duration{&l.RequestTimeout, &l.WriteTimeout} {
+		if *v <= 0 {
+			*v = 24 * time.Hour
+		}
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, tracer: cfg.Tracer.Tracer("shardsrv/server"), streams: make(chan struct{}, l.MaxStreams)}
+	s.metrics = newMetrics(cfg.Meter, s)
+	return s
 }
+
+// Drain makes /readyz answer 503, so load balancers stop sending requests before shutdown.
+func (s *Server) Drain() { s.draining.Store(true) }
 
 // Handler returns the HTTP handler with every route of openapi.yaml.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, s.accessLog)
+	r.Use(otelhttp.NewMiddleware("shardsrv", otelhttp.WithTracerProvider(s.cfg.Tracer), otelhttp.WithMeterProvider(s.cfg.Meter)),
+		middleware.RequestID, s.accessLog, s.authenticate)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, &Problem{Status: http.StatusNotFound, Slug: "no-route", Title: "No such endpoint", Detail: r.Method + " " + r.URL.Path + " is not an endpoint of this service; see openapi.yaml"})
 	})
@@ -107,6 +159,18 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*api.ShardReque
 	if req.Checkpoint == "" {
 		return nil, bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"})
 	}
+	blocks := 0
+	for _, t := range req.Tensors {
+		if t.Blocks != nil {
+			blocks += len(*t.Blocks)
+		}
+	}
+	if len(req.Tensors) > s.cfg.Limits.MaxTensors || blocks > s.cfg.Limits.MaxBlocks {
+		return nil, &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "request-too-large", Title: "Too many tensors or blocks",
+			Detail: fmt.Sprintf("the request has %d tensors and %d blocks; this server takes at most %d and %d: split the request",
+				len(req.Tensors), blocks, s.cfg.Limits.MaxTensors, s.cfg.Limits.MaxBlocks),
+			Errors: []api.FieldError{{Pointer: "/tensors", Detail: "split the request"}}}
+	}
 	return &req, nil
 }
 
@@ -116,26 +180,46 @@ func (s *Server) plan(w http.ResponseWriter, r *http.Request) (*planner.Plan, *P
 	if p != nil {
 		return nil, p
 	}
-	ck, err := s.cfg.Catalog.Open(r.Context(), req.Checkpoint)
+	ctx, span := s.tracer.Start(r.Context(), "catalog.open", trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)))
+	ck, err := s.cfg.Catalog.Open(ctx, req.Checkpoint)
+	span.End()
 	if err != nil {
 		return nil, toProblem(err)
 	}
+	start := time.Now()
+	_, span = s.tracer.Start(r.Context(), "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
 	plan, err := planner.New(req, ck, s.cfg.Planner)
+	span.End()
 	if err != nil {
 		return nil, toProblem(err)
 	}
+	s.metrics.planned(r.Context(), plan, time.Since(start))
 	return plan, nil
 }
 
 // PostShards streams a shard. The response is committed only once the first segment has been
 // read; after that a failure aborts the connection so the client sees a short body.
 func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.streams <- struct{}{}:
+		defer func() { <-s.streams }()
+	default:
+		writeProblem(w, r, &Problem{Status: http.StatusServiceUnavailable, Slug: "busy", Title: "The server is busy",
+			Detail: fmt.Sprintf("%d shard streams are running, the most this server takes; retry shortly", s.cfg.Limits.MaxStreams), RetryAfter: 1})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
+	defer cancel()
+	r = r.WithContext(ctx)
 	plan, p := s.plan(w, r)
 	if p != nil {
 		writeProblem(w, r, p)
 		return
 	}
-	stream, err := s.cfg.Executor.Stream(r.Context(), plan)
+	start := time.Now()
+	s.metrics.streams.Add(ctx, 1)
+	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
+	stream, err := s.cfg.Executor.Stream(ctx, plan)
 	if err != nil {
 		writeProblem(w, r, toProblem(err))
 		return
@@ -155,12 +239,15 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Content-Length", strconv.FormatInt(plan.BodyBytes, 10))
 	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
 	for {
 		chunk, err := stream.Next()
 		if err == nil && chunk == nil {
+			s.metrics.streamed(ctx, plan, time.Since(start))
 			return
 		}
 		if err == nil {
+			rc.SetWriteDeadline(time.Now().Add(s.cfg.Limits.WriteTimeout))
 			_, err = w.Write(chunk)
 		}
 		if err != nil {
@@ -177,7 +264,9 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 
 // PostPlan answers the plan without reading tensor data.
 func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
-	plan, p := s.plan(w, r)
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
+	defer cancel()
+	plan, p := s.plan(w, r.WithContext(ctx))
 	if p != nil {
 		writeProblem(w, r, p)
 		return
@@ -250,6 +339,15 @@ func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.
 	writeJSON(w, out)
 }
 
+// Metrics serves the Prometheus scrape endpoint.
+func (s *Server) Metrics(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Metrics == nil {
+		writeProblem(w, r, &Problem{Status: http.StatusNotFound, Slug: "no-metrics", Title: "Metrics are off"})
+		return
+	}
+	s.cfg.Metrics.ServeHTTP(w, r)
+}
+
 // Healthz answers while the process is alive.
 func (s *Server) Healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, api.Health{Status: "ok"})
@@ -257,6 +355,10 @@ func (s *Server) Healthz(w http.ResponseWriter, r *http.Request) {
 
 // Readyz answers 200 while the store is reachable.
 func (s *Server) Readyz(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeProblem(w, r, &Problem{Status: http.StatusServiceUnavailable, Slug: "draining", Title: "The server is shutting down", Detail: "this instance takes no new requests", RetryAfter: 1})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	if err := s.cfg.Catalog.Store().Check(ctx); err != nil {
