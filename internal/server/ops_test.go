@@ -219,10 +219,7 @@ func TestSpansAndMetrics(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	e := opsServer(t, func(c *server.Config, st store.Store) {
-		dir := t.TempDir()
-		writeCheckpoint(t, &harness{put: localPut(t, dir)}, "m", safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{1024, 4096}, Data: pattern(1024*4096*2, 5)})
-		local, _ := store.NewLocal(dir)
+	e := opsServer(t, func(c *server.Config, local store.Store) {
 		st := telemetry.InstrumentStore(local, tp, mp)
 		c.Catalog = checkpoint.New(st)
 		c.Executor = executor.New(st, executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second, Tracer: tp.Tracer("executor")})
