@@ -4,12 +4,14 @@ GO ?= go
 TOOLS := $(CURDIR)/.tools/bin
 # Pinned versions of what the tests run besides Go itself.
 VERSITYGW_VERSION := v1.8.0
+HELM_VERSION := v3.22.0
+IMAGE ?= shardsrv:dev
 export PATH := $(TOOLS):$(PATH)
 BIN := bin/shardsrv
 ADDR ?= localhost:8080
 FUZZTIME ?= 10s
 
-.PHONY: all build run test unit fuzz lint generate bench clean tools
+.PHONY: all build run test unit fuzz lint generate bench clean tools image
 
 all: build
 
@@ -23,17 +25,20 @@ run: build
 	@echo "Serving on http://$(ADDR) (Ctrl-C to stop)"
 	@$(BIN) serve --store .run/checkpoints --addr $(ADDR)
 
-## tools: install what the tests run (an S3 server), pinned, into .tools/bin
-tools: $(TOOLS)/versitygw
+## tools: install what the tests run (an S3 server, helm), pinned, into .tools/bin
+tools: $(TOOLS)/versitygw $(TOOLS)/helm
 
 $(TOOLS)/versitygw:
 	GOBIN=$(TOOLS) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+
+$(TOOLS)/helm:
+	GOBIN=$(TOOLS) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 ## test: everything CI runs
 test: lint unit fuzz
 
 unit: tools
-	SHARDSRV_REQUIRE_S3=1 $(GO) test -race -count=1 ./...
+	SHARDSRV_REQUIRE_S3=1 SHARDSRV_REQUIRE_HELM=1 $(GO) test -race -count=1 ./...
 
 ## fuzz: run each fuzz target briefly ($(FUZZTIME)) on top of its seed corpus
 fuzz:
@@ -51,6 +56,10 @@ generate:
 ## bench: measure against baselines in one run and write docs/benchmarks.md
 bench: tools
 	$(GO) run ./cmd/shardsrv-bench -out docs/benchmarks.md
+
+## image: build the container image (needs a Docker engine)
+image:
+	docker build --build-arg VERSION=$$(git describe --always --dirty) -t $(IMAGE) .
 
 clean:
 	rm -rf bin .run .tools

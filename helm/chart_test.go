@@ -1,0 +1,184 @@
+// Package chart_test checks the Helm chart: it lints, renders with the default and with every
+// option on, and every manifest it renders decodes strictly into the Kubernetes API types.
+package chart_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const chart = "shardsrv"
+
+func helm(t *testing.T, args ...string) string {
+	t.Helper()
+	bin := filepath.Join("..", ".tools", "bin", "helm")
+	if _, err := os.Stat(bin); err != nil {
+		if bin, err = exec.LookPath("helm"); err != nil {
+			if os.Getenv("SHARDSRV_REQUIRE_HELM") != "" {
+				t.Fatal("helm not found (run 'make tools')")
+			}
+			t.Skip("helm not found; 'make test' installs it")
+		}
+	}
+	var out, errb bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm %v: %v\n%s%s", args, err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+// rendered is what helm template produced, decoded strictly by kind.
+type rendered struct {
+	deployment     *appsv1.Deployment
+	service        *corev1.Service
+	serviceAccount *corev1.ServiceAccount
+	hpa            *autoscalingv2.HorizontalPodAutoscaler
+	pdb            *policyv1.PodDisruptionBudget
+	serviceMonitor *monitoringv1.ServiceMonitor
+}
+
+func strict(t *testing.T, doc []byte, into any) {
+	t.Helper()
+	js, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		t.Fatalf("%T: %v\n%s", into, err, doc)
+	}
+}
+
+func render(t *testing.T, args ...string) rendered {
+	out := helm(t, append([]string{"template", "rel", chart, "--namespace", "ml"}, args...)...)
+	var r rendered
+	for _, doc := range strings.Split(out, "\n---") {
+		var head struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			t.Fatal(err)
+		}
+		switch head.Kind {
+		case "":
+		case "Deployment":
+			r.deployment = &appsv1.Deployment{}
+			strict(t, []byte(doc), r.deployment)
+		case "Service":
+			r.service = &corev1.Service{}
+			strict(t, []byte(doc), r.service)
+		case "ServiceAccount":
+			r.serviceAccount = &corev1.ServiceAccount{}
+			strict(t, []byte(doc), r.serviceAccount)
+		case "HorizontalPodAutoscaler":
+			r.hpa = &autoscalingv2.HorizontalPodAutoscaler{}
+			strict(t, []byte(doc), r.hpa)
+		case "PodDisruptionBudget":
+			r.pdb = &policyv1.PodDisruptionBudget{}
+			strict(t, []byte(doc), r.pdb)
+		case "ServiceMonitor":
+			r.serviceMonitor = &monitoringv1.ServiceMonitor{}
+			strict(t, []byte(doc), r.serviceMonitor)
+		default:
+			t.Errorf("unexpected kind %s", head.Kind)
+		}
+	}
+	if r.deployment == nil || r.service == nil {
+		t.Fatal("no Deployment or Service rendered")
+	}
+	return r
+}
+
+func env(c corev1.Container, name string) *corev1.EnvVar {
+	for i := range c.Env {
+		if c.Env[i].Name == name {
+			return &c.Env[i]
+		}
+	}
+	return nil
+}
+
+func TestLint(t *testing.T) {
+	helm(t, "lint", chart)
+	helm(t, "lint", chart, "-f", "shardsrv/ci/all-options-values.yaml")
+}
+
+func TestDefaults(t *testing.T) {
+	r := render(t)
+	pod := r.deployment.Spec.Template.Spec
+	c := pod.Containers[0]
+	if sc := c.SecurityContext; sc == nil || !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Errorf("container security context %+v", c.SecurityContext)
+	}
+	if !*pod.SecurityContext.RunAsNonRoot || *pod.SecurityContext.RunAsUser == 0 {
+		t.Error("the pod must run as non-root")
+	}
+	if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Error("probes")
+	}
+	if env(c, "SHARDSRV_STORE").Value != "s3://models" || env(c, "SHARDSRV_SHUTDOWN_GRACE").Value != "25s" || *pod.TerminationGracePeriodSeconds <= 25 {
+		t.Errorf("store and grace: %+v", c.Env)
+	}
+	if c.Resources.Limits.Memory().IsZero() || len(pod.TopologySpreadConstraints) == 0 || pod.TopologySpreadConstraints[0].LabelSelector == nil {
+		t.Error("resources and topology spread")
+	}
+	if r.hpa != nil || r.pdb != nil || r.serviceMonitor != nil || env(c, "AWS_SECRET_ACCESS_KEY") != nil || env(c, "SHARDSRV_AUTH_TOKENS_FILE") != nil {
+		t.Error("optional parts are off by default")
+	}
+}
+
+func TestAllOptions(t *testing.T) {
+	r := render(t, "-f", "shardsrv/ci/all-options-values.yaml")
+	pod := r.deployment.Spec.Template.Spec
+	c := pod.Containers[0]
+	if r.hpa == nil || r.hpa.Spec.MaxReplicas != 20 || r.deployment.Spec.Replicas != nil {
+		t.Error("HPA replaces replicas")
+	}
+	if r.pdb == nil || r.pdb.Spec.MinAvailable.IntValue() != 2 || r.serviceMonitor == nil || r.serviceMonitor.Spec.Endpoints[0].Path != "/metrics" {
+		t.Error("PDB and ServiceMonitor")
+	}
+	if r.serviceAccount.Annotations["eks.amazonaws.com/role-arn"] == "" || pod.ServiceAccountName != "shardsrv-reader" {
+		t.Error("IRSA annotations on the service account")
+	}
+	if e := env(c, "AWS_SECRET_ACCESS_KEY"); e == nil || e.ValueFrom.SecretKeyRef.Name != "shardsrv-s3" || e.ValueFrom.SecretKeyRef.Key != "secret-key" {
+		t.Error("static S3 credentials come from the Secret")
+	}
+	if e := env(c, "SHARDSRV_AUTH_TOKENS_FILE"); e == nil || e.Value != "/etc/shardsrv/auth/tokens.txt" || pod.Volumes[0].Secret.SecretName != "shardsrv-tokens" {
+		t.Error("auth tokens are mounted from the Secret")
+	}
+	if env(c, "SHARDSRV_S3_ENDPOINT").Value != "http://minio.storage.svc:9000" || env(c, "SHARDSRV_CACHE_BYTES").Value != "2147483648" || env(c, "OTEL_EXPORTER_OTLP_ENDPOINT") == nil {
+		t.Error("store, cache and OTel settings")
+	}
+	if r.service.Spec.Ports[0].Port != 9090 || c.Ports[0].ContainerPort != 9090 {
+		t.Error("ports")
+	}
+}
+
+func TestRefusesAShortTerminationGrace(t *testing.T) {
+	bin := filepath.Join("..", ".tools", "bin", "helm")
+	if _, err := os.Stat(bin); err != nil {
+		helm(t, "version") // skips or fails as helm() decides
+	}
+	out, err := exec.Command(bin, "template", "rel", chart, "--set", "terminationGracePeriodSeconds=10").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "terminationGracePeriodSeconds must be longer") {
+		t.Errorf("a grace period shorter than the shutdown grace must be refused: %s", out)
+	}
+	out, err = exec.Command(bin, "template", "rel", chart, "--set", "store.url=gs://x").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "store") {
+		t.Errorf("values.schema.json must refuse a store URL shardsrv cannot open: %s", out)
+	}
+}
