@@ -57,6 +57,8 @@ func main() {
 	writeBig(filepath.Join(dir, "store", "big"))
 
 	r := &report{}
+	controlPlaneScenario(r)
+	kernelScenarios(r)
 	localScenarios(r, bin, filepath.Join(dir, "store"))
 	s3Scenarios(r, bin, dir)
 	if err := os.WriteFile(*out, []byte(r.markdown()), 0o644); err != nil {
@@ -189,6 +191,10 @@ func timed(f func()) []time.Duration {
 		f()
 		ds = append(ds, time.Since(start))
 	}
+	return sortDurations(ds)
+}
+
+func sortDurations(ds []time.Duration) []time.Duration {
 	slices.Sort(ds)
 	return ds
 }

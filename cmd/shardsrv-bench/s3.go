@@ -133,6 +133,7 @@ func s3Scenarios(r *report, bin, dir string) {
 	)
 	srv.stop()
 	cacheScenarios(r, bin, g, env)
+	startupScenario(r, bin, g, env)
 }
 
 func must(err error) {
@@ -219,7 +220,7 @@ func cacheScenarios(r *report, bin string, g *s3test.Gateway, env []string) {
 		row{"fully cached (a warm 256 MiB cache)", p50(cached), fmt.Sprintf("%.2f× the uncached p50 (goal ≤ 0.5×)", cached[len(cached)/2].Seconds()/uncached[len(uncached)/2].Seconds())})
 
 	// Fan-in through the counting proxy, on a fresh server each time so the cache starts cold.
-	fanIn := func(reqs []api.ShardRequest) (storage int64, lat []time.Duration) {
+	fanIn := func(reqs []api.ShardRequest) (storage int64, lat []time.Duration, rss int64) {
 		proxy := g.NewProxy()
 		defer proxy.Close()
 		srv := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", proxy.URL, "--cache-bytes", "536870912", "--memory-bytes", "2147483648")
@@ -237,14 +238,14 @@ func cacheScenarios(r *report, bin string, g *s3test.Gateway, env []string) {
 		}
 		wg.Wait()
 		slices.Sort(lat)
-		storage, _ = rangeTotals(proxy.Ranges)
-		return storage, lat
+		_, storage = proxy.Traffic()
+		return storage, lat, srv.peakRSS()
 	}
 	same := make([]api.ShardRequest, 32)
 	for i := range same {
 		same[i] = bigSlab(2048)
 	}
-	sameBytes, sameLat := fanIn(same)
+	sameBytes, sameLat, sameRSS := fanIn(same)
 	// Row-parallel at TP=8: each rank a column slab of rows [0, 2048) (64 MiB of unique bytes).
 	var ranks []api.ShardRequest
 	for rank := range int64(8) {
@@ -252,11 +253,12 @@ func cacheScenarios(r *report, bin string, g *s3test.Gateway, env []string) {
 		req.Tensors[0].Boxes[0] = api.Box{Offsets: []int64{0, rank * bigCols / 8}, Lengths: []int64{2048, bigCols / 8}}
 		ranks = append(ranks, req)
 	}
-	rankBytes, rankLat := fanIn(ranks)
+	rankBytes, rankLat, _ := fanIn(ranks)
 	const unique = 2048 * bigCols * 2
 	r.add("Fan-in over S3 with the cache (64 MiB of unique bytes, cold cache, all clients at once)",
 		row{"32 identical clients: storage bytes / unique bytes", fmt.Sprintf("%.3f", float64(sameBytes)/unique), "p50 " + p50(sameLat) + ", p99 " + p99(sameLat)},
 		row{"8 row-parallel ranks (column slabs): storage bytes / unique bytes", fmt.Sprintf("%.3f", float64(rankBytes)/unique), "p50 " + p50(rankLat) + ", p99 " + p99(rankLat)},
+		row{"peak RSS of the server during the 32-client fan-in", fmt.Sprintf("%d MiB", sameRSS>>20), "--memory-bytes 2 GiB, of which --cache-bytes 512 MiB"},
 	)
 }
 

@@ -159,10 +159,12 @@ func TestOverloadIsShedWith503(t *testing.T) {
 }
 
 func TestMemoryBudgetShedsLoad(t *testing.T) {
-	// Room for one 256 KiB segment: a stalled stream holds it, the next stream waits 100 ms, then 503.
-	var e *opsEnv
-	e = opsServer(t, func(c *server.Config, st store.Store) {
-		c.Executor = executor.New(st, executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 300 << 10, AdmitWait: 100 * time.Millisecond})
+	// Room for one 8 MiB segment, more than socket buffers take: a stalled stream holds it, the
+	// next stream waits 100 ms for memory, then gets a 503.
+	e := opsServer(t, func(c *server.Config, st store.Store) {
+		c.Planner.SegmentBytes = 8 << 20
+		c.Limits.WriteTimeout = 5 * time.Second
+		c.Executor = executor.New(st, executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 9 << 20, AdmitWait: 100 * time.Millisecond})
 	})
 	stalledClient(t, e)
 	waitFor(t, "the stalled stream to hold memory", func() bool { return e.exec.BytesInFlight() > 0 })

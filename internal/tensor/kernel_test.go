@@ -106,3 +106,34 @@ func TestFill(t *testing.T) {
 		t.Errorf("%v", b)
 	}
 }
+
+// The word kernels give the same bytes as the byte-wise loops, aligned or not, NaNs included.
+func TestWordKernelsMatchByteLoops(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, pair := range [][2]DType{{BF16, F32}, {F32, BF16}, {BF16, BF16}, {F32, F32}, {I16, I16}} {
+		p, _ := NewPipeline(pair[0], nil, pair[1])
+		generic := *p
+		generic.fastBF16ToF32, generic.fastF32ToBF16, generic.identity, generic.fast = false, false, false, nil
+		for _, shift := range []int{0, 1, 2} {
+			for _, step := range []int{1, 2, 3} {
+				n := 1 + r.IntN(300)
+				ss, ds := step*pair[0].Size(), pair[1].Size()
+				raw := make([]byte, shift+(n-1)*ss+pair[0].Size())
+				for i := range raw {
+					raw[i] = byte(r.IntN(256))
+				}
+				src := raw[shift:]
+				want, got := make([]byte, n*ds), make([]byte, n*ds)
+				if pair[0] == pair[1] { // a copy keeps every byte, NaN payloads included
+					copyElements(want, ds, src, ss, n, ds)
+				} else {
+					generic.Run(want, ds, src, ss, n)
+				}
+				p.Run(got, ds, src, ss, n)
+				if !slices.Equal(got, want) {
+					t.Fatalf("%v shift %d step %d: word kernel differs", pair, shift, step)
+				}
+			}
+		}
+	}
+}

@@ -90,6 +90,8 @@ type Pipeline struct {
 	steps    []step // the ops, then a cast to dst
 	identity bool   // same dtype and no ops: a byte copy
 	fast     func(dst []byte, dstStride int, src []byte, srcStride int, n int)
+	// Conversions the word kernels do without any op in between.
+	fastBF16ToF32, fastF32ToBF16 bool
 }
 
 // NewPipeline checks src → ops → dst against DESIGN §3 and compiles it.
@@ -133,6 +135,8 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 	p.steps = append(p.steps, step{op: OpCast, to: dst, round: dst, final: true})
 	if len(ops) == 0 {
 		p.fast = fastPaths[[2]DType{src, dst}]
+		p.fastBF16ToF32 = src == BF16 && dst == F32
+		p.fastF32ToBF16 = src == F32 && dst == BF16
 	}
 	return p, nil
 }
@@ -164,11 +168,14 @@ type batch struct {
 // Run converts n elements: element i is read at src[i*srcStride:] and written at dst[i*dstStride:].
 func (p *Pipeline) Run(dst []byte, dstStride int, src []byte, srcStride int, n int) {
 	size := p.src.Size()
+	if p.identity && srcStride == size && dstStride == size {
+		copy(dst[:n*size], src[:n*size])
+		return
+	}
+	if p.wordKernel(dst, dstStride, src, srcStride, n) {
+		return
+	}
 	if p.identity {
-		if srcStride == size && dstStride == size {
-			copy(dst[:n*size], src[:n*size])
-			return
-		}
 		copyElements(dst, dstStride, src, srcStride, n, size)
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,6 +37,23 @@ type Proxy struct {
 	n      int
 	Ranges []string // the Range header of every ranged GET, in order
 	server *httptest.Server
+	gets   atomic.Int64
+	bytes  atomic.Int64
+}
+
+// Traffic is how many GETs went through, ranged or whole, and the body bytes they carried.
+func (p *Proxy) Traffic() (gets, bytes int64) { return p.gets.Load(), p.bytes.Load() }
+
+// counter counts the body bytes written through it.
+type counter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (c counter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // NewProxy starts a proxy in front of the gateway.
@@ -69,6 +87,10 @@ func (g *Gateway) NewProxy() *Proxy {
 		case Reset, Truncate:
 			breakBody(w, r, rp, fault)
 		default:
+			if r.Method == http.MethodGet {
+				p.gets.Add(1)
+				w = counter{ResponseWriter: w, n: &p.bytes}
+			}
 			rp.ServeHTTP(w, r)
 		}
 	}))

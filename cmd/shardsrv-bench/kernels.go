@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/tensor"
+)
+
+// kernelScenarios times the gather kernels alone against copy() of the same output size.
+func kernelScenarios(r *report) {
+	const out = 64 << 20
+	src := randomBytes(2*out, 9)
+	dst := make([]byte, out)
+	run := func(f func()) []time.Duration { return timed(f) }
+	base := run(func() { copy(dst, src[:out]) })
+	kernel := func(from, to tensor.DType, ops []tensor.Op, s tensor.Strided) []time.Duration {
+		p, err := tensor.NewPipeline(from, ops, to)
+		must(err)
+		in := tensor.BytesSource{Data: src}
+		return run(func() { must(tensor.Copy(p, dst, in, 0, s.Simplify())) })
+	}
+	const rowBytes = 8192 // 4096 BF16 per row
+	rows := int64(out / rowBytes)
+	strided := kernel(tensor.BF16, tensor.BF16, nil, tensor.Strided{Lengths: []int64{rows, 4096}, Src: []int64{2 * rowBytes, 2}, Dst: []int64{rowBytes, 2}})
+	everyOther := kernel(tensor.BF16, tensor.BF16, nil, tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{4}, Dst: []int64{2}})
+	const side = 4096 // a 4096 x 4096 BF16 transpose is 32 MiB
+	transpose := kernel(tensor.BF16, tensor.BF16, nil, tensor.Strided{Lengths: []int64{side, side}, Src: []int64{2, 2 * side}, Dst: []int64{2 * side, 2}})
+	widen := kernel(tensor.BF16, tensor.F32, nil, tensor.Strided{Lengths: []int64{out / 4}, Src: []int64{2}, Dst: []int64{4}})
+	post := kernel(tensor.BF16, tensor.BF16, []tensor.Op{{Kind: tensor.OpMul, Value: 0.5}, {Kind: tensor.OpAdd, Value: 1}}, tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{2}, Dst: []int64{2}})
+	fp8 := kernel(tensor.F8E4M3, tensor.BF16, nil, tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{1}, Dst: []int64{2}})
+	vs := func(ds []time.Duration, bytes int64, goal string) row {
+		rel := float64(bytes) / ds[len(ds)/2].Seconds() / (float64(out) / base[len(base)/2].Seconds())
+		return row{"", throughput(bytes, ds), fmt.Sprintf("%.2f× copy() %s", rel, goal)}
+	}
+	rowsOf := []row{{"copy() of the same output size (64 MiB)", throughput(out, base), ""}}
+	for _, k := range []struct {
+		name  string
+		ds    []time.Duration
+		bytes int64
+		goal  string
+	}{
+		{"strided rows (every other 8 KiB row)", strided, out, "(goal ≥ 0.5×)"},
+		{"strided elements (every other BF16)", everyOther, out, "(goal ≥ 0.5×)"},
+		{"BF16 → F32 (converting)", widen, out, "(goal ≥ 0.5×)"},
+		{"F8_E4M3 → BF16 (converting)", fp8, out, "(goal ≥ 0.5×)"},
+		{"post ops: mul 0.5, add 1 in BF16", post, out, ""},
+		{"transpose 4096 × 4096 BF16 (32 MiB)", transpose, 2 * side * side, ""},
+	} {
+		x := vs(k.ds, k.bytes, k.goal)
+		x.what = k.name
+		rowsOf = append(rowsOf, x)
+	}
+	r.add("Gather kernels in isolation (output GB/s, one core, in memory)", rowsOf...)
+}
+
+// controlPlaneScenario decodes and plans a DeepSeek-V3-sized table: 61 layers x 3 stacked expert
+// matrices of 256 experts, each expert a block (46,848 blocks), for one of 8 expert-parallel ranks.
+func controlPlaneScenario(r *report) {
+	const layers, experts, inter, hid = 61, 256, 2048, 7168
+	ck := &checkpoint.Checkpoint{Name: "deepseek", Tensors: map[string]*checkpoint.Tensor{}}
+	var off int64 = 1 << 20
+	var req api.ShardRequest
+	req.Checkpoint = "deepseek"
+	for l := range layers {
+		for _, m := range []struct {
+			name       string
+			rows, cols int64
+		}{{"gate_proj", inter, hid}, {"up_proj", inter, hid}, {"down_proj", hid, inter}} {
+			var blocks []api.Block
+			for e := range int64(experts) {
+				name := fmt.Sprintf("model.layers.%d.mlp.experts.%d.%s.weight", l, e, m.name)
+				size := m.rows * m.cols
+				ck.Tensors[name] = &checkpoint.Tensor{Key: fmt.Sprintf("deepseek/model-%05d.safetensors", l), Tensor: safetensors.Tensor{
+					Name: name, DTypeName: "F8_E4M3", DType: tensor.F8E4M3, Shape: []int64{m.rows, m.cols}, Begin: off, End: off + size}}
+				off += size
+				blocks = append(blocks, api.Block{Offsets: []int64{e, 0, 0}, Lengths: []int64{1, m.rows, m.cols}, Source: name,
+					Base: []int64{0, 0}, Coeff: [][]int64{{0, 1, 0}, {0, 0, 1}}})
+			}
+			req.Tensors = append(req.Tensors, api.TensorRequest{Name: fmt.Sprintf("layers.%d.experts.%s", l, m.name), Dtype: api.F8E4M3,
+				Shape: []int64{experts, m.rows, m.cols}, Boxes: []api.Box{{Offsets: []int64{0, 0, 0}, Lengths: []int64{experts / 8, m.rows, m.cols}}}, Blocks: &blocks})
+		}
+	}
+	body, _ := json.Marshal(req)
+	decode := timed(func() {
+		var got api.ShardRequest
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		must(dec.Decode(&got))
+	})
+	opts := planner.DefaultOptions()
+	opts.MaxGap, opts.MaxRead, opts.SegmentBytes, opts.SegmentReadBytes, opts.MaxOverread, opts.Align = 1<<20, 8<<20, 16<<20, 32<<20, 16, 8<<20
+	var plan *planner.Plan
+	planning := timed(func() {
+		var err error
+		plan, err = planner.New(&req, ck, opts)
+		must(err)
+	})
+	segments := 0
+	for _, it := range plan.Items {
+		segments += len(it.Segments)
+	}
+	r.add(fmt.Sprintf("Control plane: a DeepSeek-V3-sized table (%d tensors, %d blocks, a %.1f MB request), one EP=8 rank", len(req.Tensors), layers*3*experts, float64(len(body))/1e6),
+		row{"request decode (strict JSON into the wire types)", p50(decode), "goal ≤ 1 s"},
+		row{"plan (validation, segments, reads)", p50(planning), fmt.Sprintf("goal ≤ 1 s; %d segments, %.1f GB of reads in %d requests", segments, float64(plan.ReadBytes)/1e9, plan.ReadRequests)},
+	)
+}
