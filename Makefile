@@ -11,7 +11,7 @@ BIN := bin/shardsrv
 ADDR ?= localhost:8080
 FUZZTIME ?= 10s
 
-.PHONY: all build run test unit fuzz lint generate bench clean tools image
+.PHONY: all build run test unit fuzz lint generate bench clean tools image python
 
 all: build
 
@@ -35,10 +35,14 @@ $(TOOLS)/helm:
 	GOBIN=$(TOOLS) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
 ## test: everything CI runs
-test: lint unit fuzz
+test: lint unit fuzz python
 
 unit: tools
 	SHARDSRV_REQUIRE_S3=1 SHARDSRV_REQUIRE_HELM=1 $(GO) test -race -count=1 ./...
+
+## python: the Python client's tests, against a live server (standard library only)
+python: build
+	SHARDSRV_BIN=$(CURDIR)/$(BIN) python3 -m unittest discover -s clients/python/tests
 
 ## fuzz: run each fuzz target briefly ($(FUZZTIME)) on top of its seed corpus
 fuzz:

@@ -32,7 +32,12 @@ var (
 	out  = flag.String("out", "docs/benchmarks.md", "report to write")
 	reps = flag.Int("reps", 5, "repetitions of each timed scenario")
 	work = flag.String("work", "", "scratch directory (default: a temporary one)")
+	only = flag.String("only", "", "run only these scenarios (comma-separated: control,kernels,local,s3); the report holds just them")
 )
+
+func want(scenario string) bool {
+	return *only == "" || slices.Contains(strings.Split(*only, ","), scenario)
+}
 
 // The local fixture: one BF16 tensor of 32768 x 32768 (2 GiB).
 const (
@@ -53,14 +58,21 @@ func main() {
 	}
 	bin := filepath.Join(dir, "shardsrv")
 	run("go", "build", "-o", bin, "./cmd/shardsrv")
-	log.Printf("writing a 2 GiB checkpoint to %s", dir)
-	writeBig(filepath.Join(dir, "store", "big"))
-
 	r := &report{}
-	controlPlaneScenario(r)
-	kernelScenarios(r)
-	localScenarios(r, bin, filepath.Join(dir, "store"))
-	s3Scenarios(r, bin, dir)
+	if want("control") {
+		controlPlaneScenario(r)
+	}
+	if want("kernels") {
+		kernelScenarios(r)
+	}
+	if want("local") {
+		log.Printf("writing a 2 GiB checkpoint to %s", dir)
+		writeBig(filepath.Join(dir, "store", "big"))
+		localScenarios(r, bin, filepath.Join(dir, "store"))
+	}
+	if want("s3") {
+		s3Scenarios(r, bin, dir)
+	}
 	if err := os.WriteFile(*out, []byte(r.markdown()), 0o644); err != nil {
 		log.Fatal(err)
 	}

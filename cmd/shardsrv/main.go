@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -39,8 +40,11 @@ var version = "dev"
 const usage = `shardsrv serves remapped tensor shards from safetensors checkpoints.
 
 Usage:
-  shardsrv serve   [flags]    run the HTTP service (see 'shardsrv serve -h')
-  shardsrv example --out DIR  write the example checkpoint and requests, print curl commands
+  shardsrv serve   [flags]                      run the HTTP service (see 'shardsrv serve -h')
+  shardsrv example --out DIR                    write the example checkpoint and requests, print curl commands
+  shardsrv fetch   --server URL --request FILE -o OUT   fetch a shard (progress on a terminal)
+  shardsrv plan    --server URL --request FILE  show what a request reads: a table per tensor
+  shardsrv layout  llama|qwen-moe --server URL --checkpoint NAME --tp N --rank R   print a rank's request
 
 A client POSTs the boxes of destination tensors it holds and the remap table (blocks) to
 /v1/shards; the service reads only the byte ranges it needs and streams back the bytes.
@@ -58,6 +62,12 @@ func main() {
 		err = serve(os.Args[2:], os.Stderr)
 	case "example":
 		err = writeExample(os.Args[2:], os.Stdout)
+	case "fetch":
+		err = fetch(os.Args[2:], os.Stdout, os.Stderr)
+	case "plan":
+		err = planCmd(os.Args[2:], os.Stdout, os.Stderr)
+	case "layout":
+		err = layoutCmd(os.Args[2:], os.Stdout, os.Stderr)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return
@@ -104,7 +114,7 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.s3.RetryBudget, "s3-retry-budget", 60*time.Second, "time one S3 read may spend retrying 5xx, SlowDown, resets and broken bodies")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", 64<<20, "largest request body accepted, in bytes (413 above)")
 	fs.Int64Var(&c.memoryBytes, "memory-bytes", 1536<<20, "memory budget for the cache and every stream's buffers together, in bytes; a request that finds it spent gets a 503")
-	fs.Int64Var(&c.cacheBytes, "cache-bytes", 512<<20, "shared-region cache, in bytes, taken from --memory-bytes (0 disables the cache)")
+	fs.Int64Var(&c.cacheBytes, "cache-bytes", 0, "shared-region cache, in bytes, taken from --memory-bytes (0 disables it; 512 MiB for s3://, off for directories, which the OS page cache already caches)")
 	fs.Int64Var(&c.cacheChunk, "cache-chunk-bytes", 4<<20, "the cache's chunk: reads are aligned to it and storage is read in chunks (8 MiB for s3://)")
 	fs.DurationVar(&c.admitWait, "admit-wait", 5*time.Second, "how long a new stream waits for memory before it is refused with 503 and Retry-After")
 	fs.IntVar(&c.window, "window", 4, "segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)")
@@ -127,8 +137,8 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 			"Runs the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n"+
 			"S3 credentials and region come from the standard AWS chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,\n"+
 			"AWS_PROFILE and the shared files, or web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA sets).\n"+
-			"For s3:// stores the cost model defaults to --max-gap 1MiB --max-read 8MiB --segment-bytes 16MiB\n"+
-			"--segment-read-bytes 32MiB --max-overread 16 unless given.\n\nFlags:\n")
+			"For s3:// stores the defaults become --max-gap 1MiB --max-read 8MiB --segment-bytes 16MiB\n"+
+			"--segment-read-bytes 32MiB --max-overread 16 --cache-bytes 512MiB --cache-chunk-bytes 8MiB unless given.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -152,7 +162,8 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 		// Object storage: a request costs about 1 MiB of transfer (10-20 ms at 50-100 MB/s per
 		// connection), so merge gaps up to that, never past 16x what a read needs; 8 MiB parts keep
 		// the connections busy; bigger segments keep more of them in flight.
-		s3Defaults := map[string]string{"max-gap": "1048576", "max-read": "8388608", "segment-bytes": "16777216", "segment-read-bytes": "33554432", "max-overread": "16", "cache-chunk-bytes": "8388608"}
+		s3Defaults := map[string]string{"max-gap": "1048576", "max-read": "8388608", "segment-bytes": "16777216", "segment-read-bytes": "33554432",
+			"max-overread": "16", "cache-bytes": "536870912", "cache-chunk-bytes": "8388608"}
 		for name, v := range s3Defaults {
 			if !set[name] && os.Getenv("SHARDSRV_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))) == "" {
 				fs.Set(name, v)
@@ -203,6 +214,11 @@ func serve(args []string, stderr io.Writer) error {
 	var level slog.Level
 	level.UnmarshalText([]byte(c.logLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// Keep the Go heap near the memory budget (plus room for the runtime and request metadata),
+	// so the garbage collector works harder before the pod's memory limit is reached.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(c.memoryBytes + 256<<20)
+	}
 	tel, err := telemetry.New(context.Background(), "shardsrv", version)
 	if err != nil {
 		return err

@@ -49,7 +49,7 @@ func TestS3StoreGetsObjectStorageDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.s3.Bucket != "bucket" || c.s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 || c.planner.MaxRead != 8<<20 || c.planner.MaxOverread != 16 {
+	if c.s3.Bucket != "bucket" || c.s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 || c.planner.MaxRead != 8<<20 || c.planner.MaxOverread != 16 || c.cacheBytes != 512<<20 {
 		t.Errorf("%+v %+v: s3 defaults apply where no flag is given", c.s3, c.planner)
 	}
 }

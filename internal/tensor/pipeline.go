@@ -91,7 +91,7 @@ type Pipeline struct {
 	identity bool   // same dtype and no ops: a byte copy
 	fast     func(dst []byte, dstStride int, src []byte, srcStride int, n int)
 	// Conversions the word kernels do without any op in between.
-	fastBF16ToF32, fastF32ToBF16 bool
+	fastBF16ToF32, fastF32ToBF16, fastE4M3ToBF16 bool
 }
 
 // NewPipeline checks src → ops → dst against DESIGN §3 and compiles it.
@@ -137,6 +137,7 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 		p.fast = fastPaths[[2]DType{src, dst}]
 		p.fastBF16ToF32 = src == BF16 && dst == F32
 		p.fastF32ToBF16 = src == F32 && dst == BF16
+		p.fastE4M3ToBF16 = src == F8E4M3 && dst == BF16
 	}
 	return p, nil
 }
@@ -146,11 +147,6 @@ var fastPaths = map[[2]DType]func(dst []byte, dstStride int, src []byte, srcStri
 	{F32, BF16}: func(dst []byte, ds int, src []byte, ss int, n int) {
 		for i := range n {
 			binary.LittleEndian.PutUint16(dst[i*ds:], BF16FromF32(math.Float32frombits(binary.LittleEndian.Uint32(src[i*ss:]))))
-		}
-	},
-	{F8E4M3, BF16}: func(dst []byte, ds int, src []byte, ss int, n int) {
-		for i := range n { // every E4M3 value is exact in BF16
-			binary.LittleEndian.PutUint16(dst[i*ds:], uint16(math.Float32bits(e4m3Table[src[i*ss]])>>16))
 		}
 	},
 }

@@ -62,8 +62,24 @@ func (p *Pipeline) wordKernel(dst []byte, ds int, src []byte, ss int, n int) boo
 				d[i] = uint16((u + 0x7FFF + (u>>16)&1) >> 16)
 			}
 		}
+	case p.fastE4M3ToBF16 && ds == 2 && aligned(dst, 2):
+		if len(src) < (n-1)*ss+1 || len(dst) < 2*n {
+			return false
+		}
+		d := words16(dst, n)
+		for i := range d {
+			d[i] = e4m3BF16[src[i*ss]]
+		}
 	default:
 		return false
 	}
 	return true
 }
+
+// e4m3BF16 maps every E4M3 code to its BF16 bits; every E4M3 value is exact in BF16.
+var e4m3BF16 = func() (t [256]uint16) {
+	for i, f := range e4m3Table {
+		t[i] = BF16FromF32(f) // exact, and NaN becomes BF16's canonical 0x7FC0
+	}
+	return
+}()
