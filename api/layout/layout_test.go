@@ -136,7 +136,9 @@ func TestGateUp(t *testing.T) {
 
 func TestStackedExperts(t *testing.T) {
 	f := newFixture(t)
-	ex := func(e int, p string) string { return "model.layers.1.mlp.experts." + string(rune('0'+e)) + "." + p + "_proj.weight" }
+	ex := func(e int, p string) string {
+		return "model.layers.1.mlp.experts." + string(rune('0'+e)) + "." + p + "_proj.weight"
+	}
 	var parts [][]string
 	for e := range example.Experts {
 		parts = append(parts, []string{ex(e, "gate"), ex(e, "up")})

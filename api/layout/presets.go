@@ -60,7 +60,9 @@ func (p Preset) Build(s Shapes) ([]api.TensorRequest, error) {
 		pre := fmt.Sprintf("model.layers.%d.", l)
 		at, mlp := pre+"self_attn.", pre+"mlp."
 		steps := []func() error{
-			func() error { return add(Replicated(s, pre+"input_layernorm.weight", pre+"input_layernorm.weight", dt)) },
+			func() error {
+				return add(Replicated(s, pre+"input_layernorm.weight", pre+"input_layernorm.weight", dt))
+			},
 			func() error {
 				return add(FusedQKV(s, at+"q_proj.weight", at+"k_proj.weight", at+"v_proj.weight", at+"qkv_proj.weight", dt, p.HeadDim, p.TP))
 			},
