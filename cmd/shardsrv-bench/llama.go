@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/api/layout"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 )
@@ -71,65 +72,12 @@ func uploadLlama(g *s3test.Gateway) (total int64) {
 	return total
 }
 
-func identity(rank int) [][]int64 {
-	c := make([][]int64, rank)
-	for i := range c {
-		c[i] = make([]int64, rank)
-		c[i][i] = 1
-	}
-	return c
-}
-
-func copyBlock(src string, shape []int64) api.Block {
-	return api.Block{Offsets: make([]int64, len(shape)), Lengths: shape, Source: src, Base: make([]int64, len(shape)), Coeff: identity(len(shape))}
-}
-
-// stackedRows fuses sources rank-major: rank r's rows are [src0_r; src1_r; ...], each source split
-// in tp row slabs, as vLLM holds fused QKV and gate/up.
-func stackedRows(name string, srcs []string, rows []int64, rank int64) api.TensorRequest {
-	var per int64
-	for _, n := range rows {
-		per += n / tp
-	}
-	var blocks []api.Block
-	for r := range int64(tp) {
-		at := r * per
-		for i, src := range srcs {
-			n := rows[i] / tp
-			blocks = append(blocks, api.Block{Offsets: []int64{at, 0}, Lengths: []int64{n, hidden}, Source: src, Base: []int64{r * n, 0}, Coeff: identity(2)})
-			at += n
-		}
-	}
-	return api.TensorRequest{Name: name, Dtype: api.BF16, Shape: []int64{tp * per, hidden}, Boxes: []api.Box{{Offsets: []int64{rank * per, 0}, Lengths: []int64{per, hidden}}}, Blocks: &blocks}
-}
-
-// slab is a tensor copied whole, of which the rank holds a slab along dim (-1: all of it).
-func slab(src string, shape []int64, dim int, rank int64) api.TensorRequest {
-	box := api.Box{Offsets: make([]int64, len(shape)), Lengths: append([]int64(nil), shape...)}
-	if dim >= 0 {
-		box.Lengths[dim] = shape[dim] / tp
-		box.Offsets[dim] = rank * box.Lengths[dim]
-	}
-	blocks := []api.Block{copyBlock(src, shape)}
-	return api.TensorRequest{Name: src, Dtype: api.BF16, Shape: shape, Boxes: []api.Box{box}, Blocks: &blocks}
-}
-
-// llamaRank is one TP=8 rank's whole request: vocab-parallel embedding, fused QKV and gate/up
-// (column-parallel), o and down projections (row-parallel), replicated norms.
-func llamaRank(rank int64) api.ShardRequest {
-	req := api.ShardRequest{Checkpoint: "llama3-8b-2l", Tensors: []api.TensorRequest{slab("model.embed_tokens.weight", []int64{vocab, hidden}, 0, rank)}}
-	for l := range 2 {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		req.Tensors = append(req.Tensors,
-			slab(p+"input_layernorm.weight", []int64{hidden}, -1, rank),
-			stackedRows(p+"self_attn.qkv_proj.weight", []string{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"}, []int64{qRows, kvRows, kvRows}, rank),
-			slab(p+"self_attn.o_proj.weight", []int64{hidden, qRows}, 1, rank),
-			slab(p+"post_attention_layernorm.weight", []int64{hidden}, -1, rank),
-			stackedRows(p+"mlp.gate_up_proj.weight", []string{p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, []int64{inter, inter}, rank),
-			slab(p+"mlp.down_proj.weight", []int64{hidden, inter}, 1, rank))
-	}
-	req.Tensors = append(req.Tensors, slab("model.norm.weight", []int64{hidden}, -1, rank))
-	return req
+// llamaRank is one TP=8 rank's whole request, as vLLM lays the model out (api/layout's preset):
+// vocabulary-parallel embedding, fused QKV and gate/up, row-parallel o and down, replicated norms.
+func llamaRank(shapes layout.Shapes, rank int64) api.ShardRequest {
+	tensors, err := layout.Preset{HeadDim: 128, DType: api.BF16, VocabPad: 64, TP: layout.Rank{Size: tp, Index: rank}}.Build(shapes)
+	must(err)
+	return api.ShardRequest{Checkpoint: "llama3-8b-2l", Tensors: tensors}
 }
 
 // naiveRank is today's loader: download every file the rank touches whole, parse it, slice.
@@ -185,7 +133,10 @@ func startupScenario(r *report, bin string, g *s3test.Gateway, env []string) {
 	// row-parallel column slabs, which each read whole rows, share the cache's chunks.
 	srv := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", proxy.URL)
 	defer srv.stop()
-	got, gets, bytes := measure(func(rank int64) { fetch("http://"+srv.addr+"/v1/shards", llamaRank(rank)) }, proxy)
+	list, err := api.NewClient("http://"+srv.addr).Tensors(context.Background(), "llama3-8b-2l")
+	must(err)
+	shapes := layout.ShapesOf(list)
+	got, gets, bytes := measure(func(rank int64) { fetch("http://"+srv.addr+"/v1/shards", llamaRank(shapes, rank)) }, proxy)
 	r.add(fmt.Sprintf("TP=8 startup over S3: all 8 ranks of two Llama-3-8B layers and the embedding (%.2f GiB of BF16), each rank's shard in one request", float64(total)/(1<<30)),
 		row{"naive loader (each rank downloads every file whole with the AWS SDK, parses, slices)", p50(naive) + " wall", fmt.Sprintf("%.2f GiB from S3 in %d requests (first run)", float64(naiveBytes)/(1<<30), naiveGets)},
 		row{"shardsrv (default settings, cache on)", p50(got) + " wall", fmt.Sprintf("%.2f GiB from S3 in %d requests (first run)", float64(bytes)/(1<<30), gets)},

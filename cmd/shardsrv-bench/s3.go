@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/api/layout"
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
@@ -142,23 +143,13 @@ func must(err error) {
 	}
 }
 
-// fusedQKV is rank's box of the vLLM rank-major fused QKV at TP=8, with the whole table.
+// fusedQKV is rank's box of vLLM's rank-major fused QKV at TP=8 (api/layout).
 func fusedQKV(rank int64) api.ShardRequest {
-	q, kv := int64(qRows/tpRanks), int64(kvRows/tpRanks)
-	per := q + 2*kv
-	p := "model.layers.0.self_attn."
-	var blocks []api.Block
-	for r := range int64(tpRanks) {
-		for _, b := range []struct {
-			src        string
-			dst, n, at int64
-		}{{"q_proj", r * per, q, r * q}, {"k_proj", r*per + q, kv, r * kv}, {"v_proj", r*per + q + kv, kv, r * kv}} {
-			blocks = append(blocks, api.Block{Offsets: []int64{b.dst, 0}, Lengths: []int64{b.n, hidden}, Source: p + b.src + ".weight",
-				Base: []int64{b.at, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}})
-		}
-	}
-	return api.ShardRequest{Checkpoint: "llama-layer", Tensors: []api.TensorRequest{{Name: p + "qkv_proj.weight", Dtype: api.BF16,
-		Shape: []int64{tpRanks * per, hidden}, Boxes: []api.Box{{Offsets: []int64{rank * per, 0}, Lengths: []int64{per, hidden}}}, Blocks: &blocks}}}
+	const p = "model.layers.0.self_attn."
+	shapes := layout.Shapes{p + "q_proj.weight": {qRows, hidden}, p + "k_proj.weight": {kvRows, hidden}, p + "v_proj.weight": {kvRows, hidden}}
+	t, err := layout.FusedQKV(shapes, p+"q_proj.weight", p+"k_proj.weight", p+"v_proj.weight", p+"qkv_proj.weight", api.BF16, 128, layout.Rank{Size: tpRanks, Index: rank})
+	must(err)
+	return api.ShardRequest{Checkpoint: "llama-layer", Tensors: []api.TensorRequest{t}}
 }
 
 func plan(addr string, req api.ShardRequest) api.PlanResponse {

@@ -338,24 +338,44 @@ func (s step) apply(b *batch, k kind, n int) kind {
 }
 
 func applyF32(s step, xs []float32) {
+	var op func(float32) float32
 	switch s.op {
 	case OpNeg:
 		for i, x := range xs {
 			xs[i] = -x
 		}
+		return
 	case OpMul:
-		for i, x := range xs {
-			xs[i] = roundTo(s.round, x*s.v32)
-		}
+		op = func(x float32) float32 { return x * s.v32 }
 	case OpAdd:
-		for i, x := range xs {
-			xs[i] = roundTo(s.round, x+s.v32)
-		}
+		op = func(x float32) float32 { return x + s.v32 }
 	case OpExp:
+		op = func(x float32) float32 { return float32(math.Exp(float64(x))) }
+	}
+	// The common working dtypes get loops of their own, so rounding inlines.
+	switch s.round {
+	case F32:
 		for i, x := range xs {
-			xs[i] = roundTo(s.round, float32(math.Exp(float64(x))))
+			xs[i] = op(x)
+		}
+	case BF16:
+		for i, x := range xs {
+			xs[i] = bf16Round(op(x))
+		}
+	default:
+		for i, x := range xs {
+			xs[i] = roundTo(s.round, op(x))
 		}
 	}
+}
+
+// bf16Round is roundTo(BF16, f), small enough to inline: nearest even, NaN made canonical.
+func bf16Round(f float32) float32 {
+	if f != f {
+		return math.Float32frombits(0x7FC00000)
+	}
+	u := math.Float32bits(f)
+	return math.Float32frombits((u + 0x7FFF + (u>>16)&1) &^ 0xFFFF)
 }
 
 func applyF64(s step, xs []float64) {

@@ -126,3 +126,12 @@ func TestEncodeFill(t *testing.T) {
 		t.Errorf("E4M3 fill overflow = %x %v", b, err)
 	}
 }
+
+func TestBF16RoundIsRoundTo(t *testing.T) {
+	for i := range uint32(1 << 20) {
+		f := math.Float32frombits(i*4099 + i>>3) // spread over the whole bit space, NaNs included
+		if a, b := math.Float32bits(bf16Round(f)), math.Float32bits(roundTo(BF16, f)); a != b {
+			t.Fatalf("%#08x: bf16Round %#08x, roundTo %#08x", math.Float32bits(f), a, b)
+		}
+	}
+}
