@@ -76,6 +76,21 @@ func (e DType) Valid() bool {
 	}
 }
 
+// Defines values for DeferredOp.
+const (
+	Fp8BlockDequant DeferredOp = "fp8_block_dequant"
+)
+
+// Valid indicates whether the value is a known member of the DeferredOp enum.
+func (e DeferredOp) Valid() bool {
+	switch e {
+	case Fp8BlockDequant:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PiecePlanMode.
 const (
 	Direct PiecePlanMode = "direct"
@@ -174,6 +189,27 @@ type CheckpointList struct {
 
 // DType defines model for DType.
 type DType string
+
+// Deferred A server-side completion that computes the tensor from checkpoint tensors no block can
+// describe. fp8_block_dequant: sources [weight (F8_E4M3 or F8_E5M2, [rows, cols]), scale
+// (F32 or BF16, [ceil(rows/b0), ceil(cols/b1)])]; element (r, c) is
+// float32(weight[r][c]) * float32(scale[r/b0][c/b1]), computed in float32 and converted to the
+// tensor's dtype; the tensor's shape is the weight's. Only the weight region and the scale rows
+// and columns a box needs are read.
+type Deferred struct {
+	Op      DeferredOp      `json:"op"`
+	Params  *DeferredParams `json:"params,omitempty"`
+	Sources []string        `json:"sources"`
+}
+
+// DeferredOp defines model for Deferred.Op.
+type DeferredOp string
+
+// DeferredParams defines model for DeferredParams.
+type DeferredParams struct {
+	// Block fp8_block_dequant's scale block [b0, b1]; default [128, 128].
+	Block *[]int64 `json:"block,omitempty"`
+}
 
 // FieldError defines model for FieldError.
 type FieldError struct {
@@ -295,7 +331,15 @@ type TensorPlan struct {
 type TensorRequest struct {
 	Blocks *[]Block `json:"blocks,omitempty"`
 	Boxes  []Box    `json:"boxes"`
-	Dtype  DType    `json:"dtype"`
+
+	// Deferred A server-side completion that computes the tensor from checkpoint tensors no block can
+	// describe. fp8_block_dequant: sources [weight (F8_E4M3 or F8_E5M2, [rows, cols]), scale
+	// (F32 or BF16, [ceil(rows/b0), ceil(cols/b1)])]; element (r, c) is
+	// float32(weight[r][c]) * float32(scale[r/b0][c/b1]), computed in float32 and converted to the
+	// tensor's dtype; the tensor's shape is the weight's. Only the weight region and the scale rows
+	// and columns a box needs are read.
+	Deferred *Deferred `json:"deferred,omitempty"`
+	Dtype    DType     `json:"dtype"`
 
 	// Fill Value of box elements no block covers; without it every element must be covered.
 	Fill  *float64 `json:"fill,omitempty"`
@@ -654,49 +698,55 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fpfc9u4Ef8qO2hnYs9Rf2znrjnlpXbOmbrj1B476UNjzwUilyLOJMADQEtKRt+9swAoURJlSe75ep3p",
-	"i0yJy8X+398u/Y3FqiiVRGkNG3xjGk2ppEH35VqrYY4FXcZKWpSWLnlZ5iLmVijZKz3Fd78YJemeiTMs",
-	"OF39WWPKBuxPvQX/nr9rejXf2WwWsQRNrEVJ7NiAnUq4ef8Ofnz9/V8gMO8yIgvPEuuzXMUPTpIkEfQc",
-	"z6+1KlFbQXKnPDe4yvc8xwKlhQmoFGyGMCQmrwwM1QSEgVIZe2BUpWP8POQG4TuIFaYp/BUOJtABlaYG",
-	"rTm8P+yyiJWN474xot+m8oVMcMJmEXNciXpZviuJoNUYStTgxYBEFCiNUDICJRFilVeFdAQJGiuk88CC",
-	"iuQSFguzsyh2WiIbMK41n9L3HOXIZlufvwxks4gFq+x8IlmZiHeS81oZe1W2CeoNRM8XQnpx2OBoTmes",
-	"FnLkokbjr5XQmLDB57mwC0XnnCLvw9o793NWavgLxpbOPFOTrSG3HBYvbc6t6m1Q4zrnLld/X2kjpipb",
-	"Vvbn4dT6E1OlC27ZgAlpf3jN5sIKaXGEuvGIP2nHZ0qBsT9gtygjcmeSlkDTyJPdWd0gT9o57RCJy6qu",
-	"WGuuVS1Sm2vfZRg/lEpIeyl8mi17OJ7fX1ZpJWu2yN7k0ibFTx/dL98YyqqgB86uri5ZxD69YRG7oI9P",
-	"Rz/Qpfv8dHJM1+7zk3Pohft87+6e+T/v3e33/sabn89ffzgJV99/OG4IsdDgvcA8Odda6XUzJGi5yFsV",
-	"d2qhXq/Op/D326t/QLgPQlrlmggZBo2FoUqmEZgqzoAb6FmURmnT6/dclzG9454rLF22rUbVEkS1mG0m",
-	"/hvynCreqmbGclu1uXTlkEDXxtonazM61jKuEFIU5Np+W/atZtDloqzswPJoF5aLjF3z08cMoeTaUpOn",
-	"nunMD0IakaDv+mrS0r9rPLHMzNliCS6AkO6L9y+BB+febmsd2r+gFirBdTESoTG2MM5QAj6insIj11Mh",
-	"R4vWD2OePxjga8iBpBfWgBpLGAubgbFYwhFwmYBUDvSAKsEhOjRvYcRthhoUfY6FQdKszmMvB4uYJ2rN",
-	"u31bwqKRPx2x3kONdt1WQZ352oKaYuUm4NqWrKmKguvp1j6Rc3kbSCkofYrv3Bs+OvqdukMt0OKQTUrd",
-	"LkRf1kkiJpgsWu1yRN36KHF3XTybjOsEEixRJgaUHADyOIODoZpEPsYPQT2iznn5ykAiCH3Gto429NDa",
-	"pcHuPX2DbGdOqJB0mo+hHkhcjd3xCOqRTx9A3MucS0jRxhkaSLUqwFil+QiBp1TlY8VzNLGQo32ODS2h",
-	"zeyBu+vgCwkK/oC72W4VRSwjhCWfL9lgVbLWcPJgez+Em9jQ65+KfA8IyPFlExZIHFHOVjmL6EgqNJOS",
-	"EDg3trW2PPK8aimPVyVqKmcqhaLKXWXjSbJkz0RVwxwXBpVVMWyzZ9lumcUQvDOQQIIeuxeHBlxp6XdC",
-	"Gstla5mM1nt+s3EKm+MTCG9b1XV3azbRU7BhjnzXjJSKDSLkYWzbbQ7YfQBY0cGdP2cwP7ZNiVuqgjc+",
-	"SfZMhAUobsOOqcoT1HDwgFMoNaZicgiVpJ9c8bVK0+yvbERB/Pm08y/e+drv/Nj9uXMPBkfz4rpmw9oY",
-	"dGTKq5zsovm40bT9N8NTXO8ljXB4VjOrTTVzAO7CP3i08/iwpb/5My5kqloyr47fdfTXUBUc2Vv/x4Cq",
-	"rIOBrh4B1wi5MBYTGFYWYi6lsjBEMKgfMWk396ZYlrzYkJ0ZL/F547zjGQVVa05Bhs322jb5tVeDZ7nf",
-	"uWb227q7vYYM1WSPgb7ecLRU0g1+are8P3WzrM+rFH5i2F0ZB3xbVNnbJlvSNNqzmaciz9cz8J/Uo6mK",
-	"DdVkjgtp0vDjU0wg0rx1o4iqLAgbJppACkVlXBI6Qtytiy/c+uQy8CWScVOI0GEYV1rY6S3xDa5HrtuW",
-	"CzfhIFD1gKdVZdHVpV7mZv2vEfQIw02/OoDTK9BqERs/FLomQlVLg66k8YNep8Mrm3WsekBpOlQ1yJhO",
-	"S5I0yDKXPLO29Ot4ESruCnYl/gY0FrwsMQkTsB8cavDcqLyNJVEXTiHOBXn3+ur2o6nH8DnKv5PNdXbN",
-	"QVjIVJ4Yp69ftRS8BMuHOcKBz6JDsBm3YPjUWUJjMF+D352sQytWRYD5b+cWE3GNxpXMp16yqaW5Q47Q",
-	"yUCg2stgrEZeGBjy+AFwwmObT+8kPdIU3wHuLtwiws356U8fzrtFAqnSjR2CwYJLS96rVXNn5nyqKtu9",
-	"kwRSRIxhVvWxzU5LHmfYOe72G8COefPrRxYxSizvqqNu31OpEiUvBRuwk26/e8IiVvKwkKjDiq5HHlhR",
-	"kXI6XCRsEFZMX93o0HghdNzvP/EyaL+XQGGL1fIOyG1xtIrRGBAGeC4eMbwEqgdedikeUaIx7uc6Hzaq",
-	"8yHc36qOxYntlTkXK4qsdow1mcMJ9YboWqsCbYaVAWIJvop1yS2v+683mWYuXOMNWVPpBtdaY6e+Lw0b",
-	"tb/xt/8rvnRnO72/7588V29iIsjbcLBAzILKEY8zqgiH3g6PR72VJXerPQgkvWvQvaBhVnbyLQZaUADl",
-	"ugkxcrSHrci2x3vSPzsGSQ8X4g1L11HvHDN3RVmDufDSb9kJ18pYh9N8p0Vjz1Qy/c0MvzTMzZb7udUV",
-	"zl7Q6Uv7xk31LecyuLq/l+v2DY39yk3EXh+d7Ed/fPzCoXrye4U2+Q142IbWr3ZqrKpdDRrVyCfhls8j",
-	"3ffhZqwvO/yL5uMvA4cD3GI18BByforSCepoQRH29h4nCVnfD9jplZmD6ztJXNS4U/BflK7pcmFtjh2U",
-	"ieAyWntt4XAsHJxdXV0O/HuSqcUI+qA0HB127+SXBpj7MiCbNMAdgUkHzsgc9HRQp0TtcP+BWUM/rrIR",
-	"4/PwAiMXiQdMSkPMLc/VCNzSzDX8+j8/YIgplXoSPhWaZoOpxbckT9ilplzklcY76Ve2RJghT1AbGBMg",
-	"NAT9+FBp64FnrKTE2Lp/qjAq2DOZ0qkmU9pGIAlDwlgrOfJgbL1s3Xp3/y8ULhVbtB2PXZdlmM9VQyHD",
-	"24a1qbjJ6VEm3eYeaU9mrUVwDTlHfnjh0iNseOe16vixjiaY4F06dPnmBoE2rglnf8Ta2//x/7V6t1p9",
-	"60K6+RIek6WxElqmynnBbgTxRoT4MdDQ2KR5gdaF3edvjGYD9muFLs7DfLa051pO2OiJMeL+BVFIYyG4",
-	"If0WQr8ytYn+mJjkxeP2P4fDdXdUKfCGZb3t620Qxc8sWqyCPt9TCPjljQ+uSudhHTPo9XIV8zxTxg7e",
-	"9N/02ex+9u8AAAD//w==",
+	"7Fpfc9s4kv8qXbyrin1D/XVmLiO/nJ1J6rKVrF12sg8rqxKQbEoYkwAHAC0pKX/3rQZAiZQoS/JOZmer",
+	"9kWWCLD/o/vXDX8LYpkXUqAwOhh9CxTqQgqN9se1klGGOX2NpTAoDH1lRZHxmBkuRa9wO374VUtBazqe",
+	"Yc7o238rTINR8F+9Nf2eW9W9iu7j42MYJKhjxQsiF4yCCwE3b1/Dzy9//F/wxLsBbfPvEunLTMb3VpIk",
+	"4fQey66VLFAZTnKnLNO4SfdNhjkKAwuQKZgZQkREXmiI5AK4hkJqc6JlqWIcR0wj/ACxxDSF/4OTBXRA",
+	"pqlGo08np90gDIoau28B7d+n8juR4CJ4DANLlXY35bsSCErOoUAFTgxIeI5CcylCkAIhllmZC7shQW24",
+	"sB5Y7yK5uMFcHyyKWRYYjAKmFFvS7wzF1Mz2vv/eb3sMA2+VgzmSlWnzQXJeS22uijZBnYHo/ZwLJ04w",
+	"Gqz2aaO4mNqoUfhbyRUmwWi8Enat6IpS6HxYeWeyIiWjXzE2xPNSLvaGXDMsvrc596q3Q43rjNmz+sdK",
+	"GwayNEVpPkdL4zimUuXMBKOAC/PTy2AlLBcGp6hqrzhOB75TcIwdg8OijLZbk7QEmkKWHE7qBlnSTumA",
+	"SGyqumGtlVaVSG2ufT3D+L6QXJj33B2zpofj1XpTpY1Ts0f2OpU2KX75aJ98C1CUOb1weXX1PgiDT6+C",
+	"MHhHH58GP9FX+/npbEjf7ecn69B39vOtXb10f97a5bdu4dXnNy8/nPlvP34Y1oRYa/ALpqiswEcViQvQ",
+	"qB5QdTRPKOHmRYY2yZoZM/Z3aVDb8mFQaKkgVTKHtUn8Yw1CugIDMRN3wnGJsAtp8eqzXfic4G8lE2bk",
+	"s72G8Rz5dGbgxKsIUoHXMYSxknMdUg3Qk9MQdMwyvBMnb8+GtI3sFMI4Rp6d0MZe1D8Nwf6kN3rR4HRy",
+	"OjkH9EXwRIUQnwLXdyLNJDNnwxPHfKwm43hyCv8D1XPLaax6UX8yjnvRgLh7QyTARbUPmEggluIBFS0Y",
+	"SUa6E84cLzQk5KLzmuVeaNAzViDVXnrq+L/QXbgS2bL2CBROyQXEgJ5agahU6jvhmFJZ1MBsJReIiQam",
+	"EOicdO/EVrGWRT04t/zRGk4FU2z/8a+C7trtXtWp5ml7smKFtPzObR3sSyJFsObQehKb8hxXvKIKYzVP",
+	"yJa9yI/WIy7cx1E/hGgwOYcEU1ZmBsaD4asQBsNXkwZA2UrkORc8J6cM2pJ6zhbeLMO6jYYtNtqyw1uO",
+	"WfJGKam2c2KChvGsNQvaA41q2wYX8Jfbq7+CXwcuXLQDOQe1gUgmyxB0Gc+Aaej5lNDr96yJdG/Ysyij",
+	"G+wDLJUEYSVmm5f/H1lGwbSpmTbMlG35fYOJ39dG2lXuevDu9lq/zWub5fT9GmM8NxA2Sa7L95afPs4Q",
+	"CqYMIX4C0C5CubDJ3bYActEC5tsD39qi0TtQ9mvkM+febisoOR5d5TLBbTESrjA2MJ+hAHxAtYQHppZc",
+	"TNd9AMxZdk/5cLONIOm50SDnAubczEAbLGBgM6uQtgMCWYBt71Cfw5SZGSqQ9DnnGkmzKm86OYIwcJta",
+	"s+ax+HCN6p+OWOehGnZvg1PWfG1BTbFy45vcllNT5jlTy72gMWPi1m+loHRH/GCg+NHuPwgqVgKtmexS",
+	"6nYtelMnqomYrHF3M6JuXZTYVVdgZ0wlkGCBItEgxQiQxTM4ieQidDF+CvIBVcYKKuycWtHYVNHmIYY9",
+	"BocD/B2yXVqh/KFTbA7VdMLm2ANZEBB4mgFRLzImIEUTz1A7VKeNVGyKwFLK8rFkGeqYi+kxbH1JaDO7",
+	"p27h/FqCnN3jYbbbRAPNdqHh84YNNiVrDSfXeR+HGBLjgf+TGMl2B+T4BgwTOKUzW2ZBSCwp0SwI3sRM",
+	"tyOyB5aVLenxqkBF6UymkJeZzWwsSRr2TGQZZbg2qCjzqM2eRbtl1hOxg4EEEvQ4PDnU4EpLveNCGyZa",
+	"02S4XfPrhZObDJ9o9/ZlXbtakQmfgg2rNnjLSCnfIULmEfFhQ4HDpwEbOlj+KwIrtm1K3FIWvHGH5MiD",
+	"sG4H27BjKrMEFZzc4xIKhSlfnEIp6JFNvkZS7yKlCSmIxxedv7PO137n5+7nzgQ0TlfJdcuGlTGIpYXe",
+	"wShQbF4r2u6XZilu15JaODyrmFWmOqqFqVnq6frmeLwTqWw5eVX8bqO/mqpVB2r/aJClsTDQ5iPbL2Zc",
+	"U+calYZ6diENROjGAUm7uXfFsmD5jtNJ/e7zZnuWZuhVrSh5GXbba98YqD0bPMv91jWPv6+723NIJBdH",
+	"TPeqcWdLJt3hp3bLO667ZX1epnAdw+HKWODbosrRNtlzTKnhXA/QDpl52HeOAgApz7LtU/s3quuU+SK5",
+	"WGHJ2jSNgKc+t+2LLA1w47ugarKVl9oeXLsRD6v861DYM5v5/Q/wrrAiZhiXipvlLdH14YJMtQ0kbjwj",
+	"kFVTqGRp0Oay3szOB76G0CPct/xqQVEvR6N4rF0jaQuPHXyCKoV2zWGnw0oz6xh5j0J3KNOQMa2WJKmX",
+	"ZSX5zJjC3edxn6U38C7R16AwZ0WBSTU/tc1GBbhr2bo2Ze7CBcQZJ+9eX91+1FXrvuoM7Hx1dR9WUeAG",
+	"ZjJL9GpwaFmDYVGGcOJO3qkb7Gq2tJZQ6M1Xo3cnqtCKZe5bg/OVxXhcIXhZTS0JZYNiYopWBj+QFAlo",
+	"o5DlGiIW3wMuWGyy5Z2gV+riW5DehVtEuHlz8cuHN908gVSq2txBY86EIe9VqlmeGVvK0riRZ8Zj9P2t",
+	"i+3gomDxDDvDbr8GBgNnfvUQhAEdLOeqQbfvdskCBSt4MArOuv3uWRAGBfNDjCqs6PvUgTFKbFaHd0kw",
+	"8mOpr7bdqN0oD/v9J26Tj7tF9pOvlktkO/lRMkatgWtgGX9Af4tcNcnBe/6AArW2j6vzsFOdD359rzoG",
+	"F6ZXZIxvKLJZZbZk9hyqqdK1kjmaGZYaiCS4LNYlt7zsv9xlmpVwtSv2utI1qpXGVn2XGnZqf+OW/yW+",
+	"tLyt3j/2z56rNxHh5G04WaNsTumIxTPKCKfODg+D3sYtWas9CFi9ru37jobZuNRrMdB6B9BZ1z5GBkfY",
+	"imw7PHL/s2OQ9LAhXrN0FfXWMStXFBUA9P810HTCtdTGYjtXaVGbS5ksfzfDNxrAx2Y9N6rEx+/o9MaM",
+	"cld+y5jwru4f5bpjQ+O4dBMGLwdnx+0fDr9zqJ79UaFNfgPmJ6jVdVCFVZXNQdMK+STMsFWkuzpcj/Wm",
+	"w78oNv8ysjjADmM9DS5WXKRKUIXrHX7W73ASF9W6x04v9Apc3wmiIuednP0qVbUv48Zk2EGRcCbCrasO",
+	"i2Ph5PLq6v3I3a0sDYbQB6lgcNq9E19qYO7LiGxSA3cEJi04I3PQ216dApXF/Sd6C/3YzEaE3/hLj4wn",
+	"DjBJBTEzLJNTsIM2W/Crfx2DCFNK9SR8yhX1BkuD5ySPn7+mjGelwjvhxry0cYYsQaVhToBQE/RjkVTG",
+	"Ac9YCoGxsf+VpaW3Z7IkrnomlQlBEIaEuZJi6sDYdtq6de7+d0hcMjZoOg67NmVY9VURF/6GYquTrlN6",
+	"EEm3Pns6klhrEtxCzqFrXphwCBteO606rq2jDsZ7l5g2F3cItHO0+PhnzL39n/+Tqw/L1bc2pOsX95g0",
+	"2kpo6SpXCbsWxDsR4ke/x///CBobduNvAfUGwW8l2jj3/VljNtY8sOETbcTkO6KQ2hBxx/FbC/1CVyb6",
+	"c2KS7x63/zwcrqqjTIHVLOtsX02DKH4ew/UoaDyhEHDDGxdcpcr8OGbU62UyZtlMajN61X/VDx4nj/8I",
+	"AAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -269,14 +269,20 @@ func (e *Executor) produce(ctx context.Context, seg *planner.Segment) (*[]byte, 
 		putBuf(buf)
 		return nil, err
 	}
-	if len(seg.Copies) > 0 {
-		_, span := e.tracer.Start(ctx, "gather", trace.WithAttributes(attribute.Int("copies", len(seg.Copies)), attribute.Int64("bytes", seg.Bytes)))
+	if len(seg.Copies)+len(seg.Dequants) > 0 {
+		_, span := e.tracer.Start(ctx, "gather", trace.WithAttributes(attribute.Int("copies", len(seg.Copies)), attribute.Int("dequants", len(seg.Dequants)), attribute.Int64("bytes", seg.Bytes)))
 		defer span.End()
 	}
 	for _, c := range seg.Copies {
 		if err := tensor.Copy(c.Pipeline, out[c.Dst:], spanSource{spans: spans, key: c.Key}, c.Src, c.Layout); err != nil {
 			putBuf(buf)
 			return nil, fmt.Errorf("internal error: the plan did not read what a copy needs: %w", err)
+		}
+	}
+	for _, d := range seg.Dequants {
+		if err := d.Kernel.Run(out[d.Dst:], spanSource{spans: spans, key: d.WeightKey}, spanSource{spans: spans, key: d.ScaleKey}, d.Region); err != nil {
+			putBuf(buf)
+			return nil, fmt.Errorf("internal error: %w", err)
 		}
 	}
 	return buf, nil

@@ -94,9 +94,18 @@ type Segment struct {
 	Fill []byte
 	// Direct reads land straight in the segment buffer at Dst.
 	Direct []Read
-	// Spans are read into buffers the Copies gather from.
-	Spans  []Read
-	Copies []Copy
+	// Spans are read into buffers the Copies and Dequants gather from.
+	Spans    []Read
+	Copies   []Copy
+	Dequants []Dequant
+}
+
+// Dequant computes one box of a block-dequantized tensor from the span buffers.
+type Dequant struct {
+	Kernel              *tensor.BlockDequant
+	WeightKey, ScaleKey string
+	Region              tensor.Region
+	Dst                 int64 // offset in the segment buffer: the box is all of the segment
 }
 
 // Read is one byte range of a file.
@@ -176,6 +185,9 @@ func specByIndex(specs []tensorSpec, index int) *tensorSpec {
 
 func pieces(spec *tensorSpec, it *Item) []Piece {
 	var out []Piece
+	if d := spec.deferred; d != nil {
+		return []Piece{{Block: -1, Source: d.weight.Name, Offsets: it.Offsets, Lengths: it.Lengths}}
+	}
 	for _, b := range spec.blocks {
 		off, l, ok := intersect(it.Offsets, it.Lengths, b.Offsets, b.Lengths)
 		if !ok {

@@ -88,6 +88,23 @@ func checkInvariants(t *testing.T, p *Plan, ck *checkpoint.Checkpoint) {
 	}
 }
 
+// checkInvariantsFor checks that items and segments tile the body in order.
+func checkInvariantsFor(t *testing.T, p *Plan) {
+	t.Helper()
+	pos := int64(len(p.Header))
+	for _, it := range p.Items {
+		for _, seg := range it.Segments {
+			if seg.Output != pos {
+				t.Fatalf("segment at %d, want %d", seg.Output, pos)
+			}
+			pos += seg.Bytes
+		}
+	}
+	if pos != p.BodyBytes {
+		t.Fatalf("segments end at %d, body %d", pos, p.BodyBytes)
+	}
+}
+
 type multi []tensor.BytesSource
 
 func (m multi) Slice(off, n int64) []byte {
@@ -248,5 +265,42 @@ func TestFusedQKVReadsOnlyItsRows(t *testing.T) {
 	}
 	if p.NeededBytes != per*4096*2 || p.ReadBytes != p.NeededBytes || p.ReadRequests != 3 {
 		t.Errorf("needed %d read %d in %d requests; want %d bytes in 3 requests", p.NeededBytes, p.ReadBytes, p.ReadRequests, per*4096*2)
+	}
+}
+
+// A TP=8 rank of a DeepSeek-V3-shaped FP8 weight (7168 x 18432, scales [56, 144] F32) reads its
+// eighth of the weight and the scale rows covering it, not the whole tensor.
+func TestFP8DequantRankReadsItsEighth(t *testing.T) {
+	const rows, cols = 7168, 18432
+	w := &checkpoint.Tensor{Key: "ds/model-00001.safetensors", Version: "v", Tensor: safetensors.Tensor{Name: "w", DTypeName: "F8_E4M3", DType: tensor.F8E4M3,
+		Shape: []int64{rows, cols}, Begin: 4096, End: 4096 + rows*cols}}
+	s := &checkpoint.Tensor{Key: w.Key, Version: "v", Tensor: safetensors.Tensor{Name: "s", DTypeName: "F32", DType: tensor.F32,
+		Shape: []int64{56, 144}, Begin: w.End, End: w.End + 56*144*4}}
+	ck := &checkpoint.Checkpoint{Name: "ds", Tensors: map[string]*checkpoint.Tensor{"w": w, "s": s}}
+	// S3's cost model without the cache (whose 8 MiB chunks a single cold rank would round to).
+	opts := DefaultOptions()
+	opts.MaxGap, opts.MaxRead, opts.SegmentBytes, opts.SegmentReadBytes, opts.MaxOverread = 1<<20, 8<<20, 16<<20, 32<<20, 16
+	for rank := range int64(8) {
+		req := api.ShardRequest{Checkpoint: "ds", Tensors: []api.TensorRequest{{Name: "w", Dtype: api.BF16, Shape: []int64{rows, cols},
+			Boxes:    []api.Box{{Offsets: []int64{rank * rows / 8, 0}, Lengths: []int64{rows / 8, cols}}},
+			Deferred: &api.Deferred{Op: api.Fp8BlockDequant, Sources: []string{"w", "s"}}}}}
+		p, err := New(&req, ck, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eighth := int64(rows * cols / 8)
+		scaleRows := int64(56/8) * 144 * 4
+		// A scale row two segments share counts for each.
+		if p.NeededBytes < eighth+scaleRows || p.NeededBytes > eighth+scaleRows+2*144*4 {
+			t.Errorf("rank %d needs %d bytes, want about %d", rank, p.NeededBytes, eighth+scaleRows)
+		}
+		if p.ReadBytes > p.NeededBytes+1<<20 {
+			t.Errorf("rank %d reads %d bytes of a %d-byte weight (%.3f of it)", rank, p.ReadBytes, rows*cols, float64(p.ReadBytes)/float64(rows*cols))
+		}
+		if rank == 3 {
+			t.Logf("rank 3 reads %.1f MiB in %d requests: %.4f of the %.1f MiB weight (needed %.1f MiB)", float64(p.ReadBytes)/(1<<20), p.ReadRequests,
+				float64(p.ReadBytes)/float64(rows*cols), float64(rows*cols)/(1<<20), float64(p.NeededBytes)/(1<<20))
+		}
+		checkInvariantsFor(t, p)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
 
@@ -163,19 +164,36 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 		if err != nil {
 			return seg, 0, err
 		}
-		for _, r := range sp {
-			off, end := r[0], r[0]+r[1]
-			if a := s.opts.Align; a > 0 {
-				off, end = off/a*a, min((end+a-1)/a*a, s.fileEnds[b.src.Key])
-			}
-			spans = append(spans, Read{Key: b.src.Key, Version: b.src.Version, Offset: off, Length: end - off, Needed: r[2]})
+		spans = append(spans, s.reads(b.src, sp)...)
+	}
+	if spec.deferred != nil {
+		n, sp, err := s.dequantSegment(spec.deferred, off, lens, &seg)
+		if err != nil {
+			return seg, 0, err
 		}
+		needed += n
+		covered = total
+		spans = append(spans, sp...)
 	}
 	if covered < total {
 		seg.Fill = spec.fill
 	}
 	seg.Spans = coalesce(spans, s.opts)
 	return seg, needed, nil
+}
+
+// reads turns a tensor's byte ranges (offset, length, needed) into reads, aligned to the cache's
+// chunks when the cache is on.
+func (s *segmenter) reads(t *checkpoint.Tensor, ranges [][3]int64) []Read {
+	out := make([]Read, len(ranges))
+	for i, r := range ranges {
+		off, end := r[0], r[0]+r[1]
+		if a := s.opts.Align; a > 0 {
+			off, end = off/a*a, min((end+a-1)/a*a, s.fileEnds[t.Key])
+		}
+		out[i] = Read{Key: t.Key, Version: t.Version, Offset: off, Length: end - off, Needed: r[2]}
+	}
+	return out
 }
 
 // directRun reports whether a copy can be read straight into the output: bytes unchanged and the

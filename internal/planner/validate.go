@@ -81,8 +81,9 @@ type tensorSpec struct {
 	dtype  tensor.DType
 	shape  []int64
 	boxes  []api.Box
-	fill   []byte // the encoded fill element, nil without fill
-	blocks []blockSpec
+	fill     []byte // the encoded fill element, nil without fill
+	blocks   []blockSpec
+	deferred *deferredSpec
 }
 
 // blockSpec is a validated block with what planning needs of its source.
@@ -171,11 +172,14 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 			spec.blocks = append(spec.blocks, b)
 		}
 	}
+	if t.Deferred != nil {
+		spec.deferred = validateDeferred(e, ptr, t, dtype, ck)
+	}
 	if len(e.Errors) > before {
 		return spec, false
 	}
 	checkOverlaps(e, ptr, spec.blocks)
-	if spec.fill == nil {
+	if spec.fill == nil && spec.deferred == nil {
 		for b, box := range t.Boxes {
 			if missing := uncovered(box, spec.blocks); missing > 0 {
 				e.add(fmt.Sprintf("%s/boxes/%d", ptr, b), "%d elements of the box are covered by no block and the tensor has no fill", missing)

@@ -1,0 +1,119 @@
+package planner
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/tensor"
+)
+
+// deferredSpec is a validated completion. fp8_block_dequant is elementwise-local, so it is planned
+// like a block: each segment reads only its weight region and the scale rows and columns covering
+// it, never the whole tensor.
+type deferredSpec struct {
+	kernel        *tensor.BlockDequant
+	weight, scale *checkpoint.Tensor
+}
+
+func validateDeferred(e *errs, tptr string, t *api.TensorRequest, dst tensor.DType, ck *checkpoint.Checkpoint) *deferredSpec {
+	d := t.Deferred
+	ptr := tptr + "/deferred"
+	before := len(e.Errors)
+	if !d.Op.Valid() {
+		e.schema(ptr+"/op", "unknown op %q: this server runs fp8_block_dequant", d.Op)
+		return nil
+	}
+	if t.Blocks != nil && len(*t.Blocks) > 0 {
+		e.add(ptr, "a tensor computed by a completion takes no blocks: the completion covers it whole")
+	}
+	if t.Fill != nil {
+		e.add(ptr, "a tensor computed by a completion takes no fill: the completion covers it whole")
+	}
+	if len(d.Sources) != 2 {
+		e.add(ptr+"/sources", "fp8_block_dequant needs two sources, the weight and its scale, got %d", len(d.Sources))
+		return nil
+	}
+	if d.Sources[0] == d.Sources[1] {
+		e.add(ptr+"/sources/1", "sources must be distinct")
+		return nil
+	}
+	block := [2]int64{128, 128}
+	if d.Params != nil && d.Params.Block != nil {
+		b := *d.Params.Block
+		if len(b) != 2 || b[0] < 1 || b[1] < 1 {
+			e.schema(ptr+"/params/block", "block is two positive sizes [b0, b1]")
+			return nil
+		}
+		block = [2]int64{b[0], b[1]}
+	}
+	var src [2]*checkpoint.Tensor
+	for i, name := range d.Sources {
+		st, ok := ck.Tensors[name]
+		switch {
+		case !ok:
+			e.add(fmt.Sprintf("%s/sources/%d", ptr, i), "checkpoint %q has no tensor %q", ck.Name, name)
+		case len(st.Shape) != 2:
+			e.add(fmt.Sprintf("%s/sources/%d", ptr, i), "%q has shape %v; fp8_block_dequant takes 2-d tensors", name, st.Shape)
+		}
+		src[i] = st
+	}
+	if len(e.Errors) > before {
+		return nil
+	}
+	w, s := src[0], src[1]
+	kernel, err := tensor.NewBlockDequant(w.DType, s.DType, dst, block)
+	if err != nil {
+		at := tptr + "/dtype" // the weight and scale are fine: the destination dtype is not
+		switch {
+		case !w.DType.IsFP8():
+			at = ptr + "/sources/0"
+		case s.DType != tensor.F32 && s.DType != tensor.BF16:
+			at = ptr + "/sources/1"
+		}
+		e.add(at, "%v", err)
+		return nil
+	}
+	if !slices.Equal(t.Shape, w.Shape) {
+		e.add(tptr+"/shape", "the tensor's shape must be the weight's, %v", w.Shape)
+		return nil
+	}
+	want := []int64{(w.Shape[0] + block[0] - 1) / block[0], (w.Shape[1] + block[1] - 1) / block[1]}
+	if !slices.Equal(s.Shape, want) {
+		e.add(ptr+"/sources/1", "the scale of a %v weight in blocks of %v has shape %v, %q has %v", w.Shape, block, want, d.Sources[1], s.Shape)
+		return nil
+	}
+	return &deferredSpec{kernel: kernel, weight: w, scale: s}
+}
+
+// dequantSegment plans one segment of a block-dequantized tensor: its weight region and the scale
+// rows and columns that cover it.
+func (s *segmenter) dequantSegment(d *deferredSpec, off, lens []int64, seg *Segment) (needed int64, spans []Read, err error) {
+	r0, c0, rows, cols := off[0], off[1], lens[0], lens[1]
+	b0, b1 := d.kernel.Block[0], d.kernel.Block[1]
+	wCols, sCols := d.weight.Shape[1], d.scale.Shape[1]
+	ss := int64(d.scale.DType.Size())
+	g := tensor.Region{WeightOff: d.weight.Begin, WeightCols: wCols, ScaleOff: d.scale.Begin, ScaleCols: sCols, R0: r0, C0: c0, Rows: rows, Cols: cols}
+	sr0, sc0 := r0/b0, c0/b1
+	nr, nc := (r0+rows-1)/b0-sr0+1, (c0+cols-1)/b1-sc0+1
+	for _, part := range []struct {
+		t       *checkpoint.Tensor
+		start   int64
+		layout  tensor.Strided
+		elem    int64
+		touched int64
+	}{
+		{d.weight, d.weight.Begin + r0*wCols + c0, tensor.Strided{Lengths: []int64{rows, cols}, Src: []int64{wCols, 1}, Dst: []int64{cols, 1}}, 1, rows * cols},
+		{d.scale, d.scale.Begin + (sr0*sCols+sc0)*ss, tensor.Strided{Lengths: []int64{nr, nc}, Src: []int64{sCols * ss, ss}, Dst: []int64{nc * ss, ss}}, ss, nr * nc * ss},
+	} {
+		sp, err := s.spans(part.layout.Simplify(), part.start, part.elem)
+		if err != nil {
+			return 0, nil, err
+		}
+		spans = append(spans, s.reads(part.t, sp)...)
+		needed += part.touched
+	}
+	seg.Dequants = append(seg.Dequants, Dequant{Kernel: d.kernel, WeightKey: d.weight.Key, ScaleKey: d.scale.Key, Region: g})
+	return needed, spans, nil
+}

@@ -1,0 +1,134 @@
+package server_test
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/tensor"
+)
+
+func dequant(sources []string, block ...int64) *api.Deferred {
+	d := &api.Deferred{Op: api.Fp8BlockDequant, Sources: sources}
+	if len(block) > 0 {
+		d.Params = &api.DeferredParams{Block: &block}
+	}
+	return d
+}
+
+// REFERENCES.md §6: block 4, scales [[1,2],[3,4]], window [2:6, 1:5] of an 8x8 tensor of 2.0.
+func TestFP8BlockDequantDCPVector(t *testing.T) {
+	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
+		w := make([]byte, 64)
+		for i := range w {
+			w[i] = 0x40 // 2.0 in E4M3
+		}
+		writeCheckpoint(t, h, "fp8",
+			safetensors.TensorData{Name: "w", DType: "F8_E4M3", Shape: []int64{8, 8}, Data: w},
+			safetensors.TensorData{Name: "w_scale_inv", DType: "F32", Shape: []int64{2, 2}, Data: f32(1, 2, 3, 4)})
+		window := []api.Box{{Offsets: []int64{2, 1}, Lengths: []int64{4, 4}}}
+		res := h.do("POST", "/v1/shards", shardReq("fp8", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{8, 8}, Boxes: window,
+			Deferred: dequant([]string{"w", "w_scale_inv"}, 4, 4)}))
+		want := []float32{2, 2, 2, 4, 2, 2, 2, 4, 6, 6, 6, 8, 6, 6, 6, 8}
+		if res.status != 200 || !slices.Equal(readF32(res.body), want) {
+			t.Fatalf("%d %v, want quadrants 2, 4, 6, 8: %v", res.status, readF32(res.body), want)
+		}
+	})
+}
+
+// Ragged edges (5 x 7 in blocks of 2 x 4), every kind of FP8 code, BF16 scales, two boxes, both
+// output dtypes and formats, small segments: checked against float32(w) * scale element by element.
+func TestFP8BlockDequantRaggedAgainstBruteForce(t *testing.T) {
+	opts := planner.DefaultOptions()
+	opts.SegmentBytes = 6 // segments of part of a row
+	eachStore(t, opts, func(t *testing.T, h *harness) {
+		r := rand.New(rand.NewPCG(8, 8))
+		const rows, cols = 5, 7
+		for _, wt := range []tensor.DType{tensor.F8E4M3, tensor.F8E5M2} {
+			w := make([]byte, rows*cols)
+			for i := range w {
+				w[i] = byte(r.IntN(256))
+			}
+			copy(w, []byte{0x80, 0x01, 0x07, 0x7F, 0xFF, 0x08}) // -0, subnormals, NaNs, smallest normal
+			scale := make([]float32, 3*2)
+			for i := range scale {
+				scale[i] = tensor.F32FromBF16(tensor.BF16FromF32(float32(r.NormFloat64() * 100)))
+			}
+			scale[0] = float32(math.Ldexp(1, -120)) // pushes products into subnormals
+			writeCheckpoint(t, h, "rag", safetensors.TensorData{Name: "w", DType: wt.String(), Shape: []int64{rows, cols}, Data: w},
+				safetensors.TensorData{Name: "s", DType: "BF16", Shape: []int64{3, 2}, Data: bf16(scale...)})
+			boxes := []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{rows, cols}}, {Offsets: []int64{3, 2}, Lengths: []int64{2, 5}}}
+			for _, dt := range []api.DType{api.BF16, api.F32} {
+				res := h.do("POST", "/v1/shards", shardReq("rag", api.TensorRequest{Name: "d", Dtype: dt, Shape: []int64{rows, cols}, Boxes: boxes,
+					Deferred: dequant([]string{"w", "s"}, 2, 4)}))
+				var want []byte
+				for _, b := range boxes {
+					for i := b.Offsets[0]; i < b.Offsets[0]+b.Lengths[0]; i++ {
+						for j := b.Offsets[1]; j < b.Offsets[1]+b.Lengths[1]; j++ {
+							x := tensor.F32FromE4M3(w[i*cols+j])
+							if wt == tensor.F8E5M2 {
+								x = tensor.F32FromE5M2(w[i*cols+j])
+							}
+							v := x * scale[(i/2)*2+j/4]
+							if dt == api.BF16 {
+								want = binary.LittleEndian.AppendUint16(want, tensor.BF16FromF32(v))
+							} else {
+								want = binary.LittleEndian.AppendUint32(want, math.Float32bits(v))
+							}
+						}
+					}
+				}
+				if res.status != 200 || string(res.body) != string(want) {
+					t.Fatalf("%s → %s: %d\n got %x\nwant %x", wt, dt, res.status, res.body, want)
+				}
+			}
+		}
+	})
+}
+
+func TestInvalidDeferredRequests(t *testing.T) {
+	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
+		writeCheckpoint(t, h, "q",
+			safetensors.TensorData{Name: "w", DType: "F8_E4M3", Shape: []int64{8, 8}, Data: make([]byte, 64)},
+			safetensors.TensorData{Name: "s", DType: "F32", Shape: []int64{2, 2}, Data: make([]byte, 16)},
+			safetensors.TensorData{Name: "s3", DType: "F32", Shape: []int64{3, 2}, Data: make([]byte, 24)},
+			safetensors.TensorData{Name: "i", DType: "I32", Shape: []int64{2, 2}, Data: make([]byte, 16)},
+			safetensors.TensorData{Name: "f", DType: "F32", Shape: []int64{8, 8}, Data: make([]byte, 256)})
+		tr := func(dt api.DType, shape []int64, d *api.Deferred) api.TensorRequest {
+			return api.TensorRequest{Name: "d", Dtype: dt, Shape: shape, Boxes: whole(shape...), Deferred: d}
+		}
+		ok := func() *api.Deferred { return dequant([]string{"w", "s"}, 4, 4) }
+		withBlocks := tr(api.F32, []int64{8, 8}, ok())
+		withBlocks.Blocks = copyOf("f", 8, 8)
+		cases := []struct {
+			name    string
+			t       api.TensorRequest
+			status  int
+			pointer string
+		}{
+			{"unknown op", tr(api.F32, []int64{8, 8}, &api.Deferred{Op: "mxfp8", Sources: []string{"w", "s"}}), 400, "/tensors/0/deferred/op"},
+			{"one source", tr(api.F32, []int64{8, 8}, dequant([]string{"w"}, 4, 4)), 422, "/tensors/0/deferred/sources"},
+			{"same source twice", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "w"}, 4, 4)), 422, "/tensors/0/deferred/sources/1"},
+			{"missing source", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "nope"}, 4, 4)), 422, "/tensors/0/deferred/sources/1"},
+			{"weight not FP8", tr(api.F32, []int64{8, 8}, dequant([]string{"f", "s"}, 4, 4)), 422, "/tensors/0/deferred/sources/0"},
+			{"scale not float", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "i"}, 4, 4)), 422, "/tensors/0/deferred/sources/1"},
+			{"scale shape", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s3"}, 4, 4)), 422, "/tensors/0/deferred/sources/1"},
+			{"default block", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s"})), 422, "/tensors/0/deferred/sources/1"},
+			{"zero block", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s"}, 0, 4)), 400, "/tensors/0/deferred/params/block"},
+			{"tensor shape", tr(api.F32, []int64{4, 16}, ok()), 422, "/tensors/0/shape"},
+			{"integer output", tr(api.I32, []int64{8, 8}, ok()), 422, "/tensors/0/dtype"},
+			{"blocks beside", withBlocks, 422, "/tensors/0/deferred"},
+		}
+		for _, c := range cases {
+			res := h.do("POST", "/v1/plan", shardReq("q", c.t))
+			if res.status != c.status || res.problem.Errors == nil || !slices.ContainsFunc(*res.problem.Errors, func(e api.FieldError) bool { return e.Pointer == c.pointer }) {
+				t.Errorf("%s: %d %s, want %d at %s", c.name, res.status, res.body, c.status, c.pointer)
+			}
+		}
+	})
+}
