@@ -76,11 +76,11 @@ func product(xs []int64) (int64, bool) {
 
 // tensorSpec is a validated destination tensor.
 type tensorSpec struct {
-	index  int
-	name   string
-	dtype  tensor.DType
-	shape  []int64
-	boxes  []api.Box
+	index    int
+	name     string
+	dtype    tensor.DType
+	shape    []int64
+	boxes    []api.Box
 	fill     []byte // the encoded fill element, nil without fill
 	blocks   []blockSpec
 	deferred *deferredSpec
