@@ -79,12 +79,15 @@ func (e DType) Valid() bool {
 // Defines values for DeferredOp.
 const (
 	Fp8BlockDequant DeferredOp = "fp8_block_dequant"
+	Mxfp4Dequant    DeferredOp = "mxfp4_dequant"
 )
 
 // Valid indicates whether the value is a known member of the DeferredOp enum.
 func (e DeferredOp) Valid() bool {
 	switch e {
 	case Fp8BlockDequant:
+		return true
+	case Mxfp4Dequant:
 		return true
 	default:
 		return false
@@ -195,7 +198,12 @@ type DType string
 // (F32 or BF16, [ceil(rows/b0), ceil(cols/b1)])]; element (r, c) is
 // float32(weight[r][c]) * float32(scale[r/b0][c/b1]), computed in float32 and converted to the
 // tensor's dtype; the tensor's shape is the weight's. Only the weight region and the scale rows
-// and columns a box needs are read.
+// and columns a box needs are read. mxfp4_dequant (gpt-oss experts, as transformers'
+// convert_moe_packed_tensors reads them): sources [blocks (U8, [E, rows, groups, B] or
+// [rows, groups, B]), scales (U8 or F8_E8M0, the blocks' shape without B)]; value
+// (row, g*2B + i) is fp4(nibble i, low nibble first) * 2^(scale - 127) in float32 (scale 255 is
+// NaN); with an expert dimension the result is [E, groups*2B, rows] (transposed, as
+// transformers returns it), else [rows, groups*2B].
 type Deferred struct {
 	Op      DeferredOp      `json:"op"`
 	Params  *DeferredParams `json:"params,omitempty"`
@@ -337,7 +345,12 @@ type TensorRequest struct {
 	// (F32 or BF16, [ceil(rows/b0), ceil(cols/b1)])]; element (r, c) is
 	// float32(weight[r][c]) * float32(scale[r/b0][c/b1]), computed in float32 and converted to the
 	// tensor's dtype; the tensor's shape is the weight's. Only the weight region and the scale rows
-	// and columns a box needs are read.
+	// and columns a box needs are read. mxfp4_dequant (gpt-oss experts, as transformers'
+	// convert_moe_packed_tensors reads them): sources [blocks (U8, [E, rows, groups, B] or
+	// [rows, groups, B]), scales (U8 or F8_E8M0, the blocks' shape without B)]; value
+	// (row, g*2B + i) is fp4(nibble i, low nibble first) * 2^(scale - 127) in float32 (scale 255 is
+	// NaN); with an expert dimension the result is [E, groups*2B, rows] (transposed, as
+	// transformers returns it), else [rows, groups*2B].
 	Deferred *Deferred `json:"deferred,omitempty"`
 	Dtype    DType     `json:"dtype"`
 
@@ -698,55 +711,58 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fpfc9s4kv8qXbyrin1D/XVmLiO/nJ1J6rKVrF12sg8rqxKQbEoYkwAHAC0pKX/3rQZAiZQoS/JOZmer",
-	"9kWWCLD/o/vXDX8LYpkXUqAwOhh9CxTqQgqN9se1klGGOX2NpTAoDH1lRZHxmBkuRa9wO374VUtBazqe",
-	"Yc7o238rTINR8F+9Nf2eW9W9iu7j42MYJKhjxQsiF4yCCwE3b1/Dzy9//F/wxLsBbfPvEunLTMb3VpIk",
-	"4fQey66VLFAZTnKnLNO4SfdNhjkKAwuQKZgZQkREXmiI5AK4hkJqc6JlqWIcR0wj/ACxxDSF/4OTBXRA",
-	"pqlGo08np90gDIoau28B7d+n8juR4CJ4DANLlXY35bsSCErOoUAFTgxIeI5CcylCkAIhllmZC7shQW24",
-	"sB5Y7yK5uMFcHyyKWRYYjAKmFFvS7wzF1Mz2vv/eb3sMA2+VgzmSlWnzQXJeS22uijZBnYHo/ZwLJ04w",
-	"Gqz2aaO4mNqoUfhbyRUmwWi8Enat6IpS6HxYeWeyIiWjXzE2xPNSLvaGXDMsvrc596q3Q43rjNmz+sdK",
-	"GwayNEVpPkdL4zimUuXMBKOAC/PTy2AlLBcGp6hqrzhOB75TcIwdg8OijLZbk7QEmkKWHE7qBlnSTumA",
-	"SGyqumGtlVaVSG2ufT3D+L6QXJj33B2zpofj1XpTpY1Ts0f2OpU2KX75aJ98C1CUOb1weXX1PgiDT6+C",
-	"MHhHH58GP9FX+/npbEjf7ecn69B39vOtXb10f97a5bdu4dXnNy8/nPlvP34Y1oRYa/ALpqiswEcViQvQ",
-	"qB5QdTRPKOHmRYY2yZoZM/Z3aVDb8mFQaKkgVTKHtUn8Yw1CugIDMRN3wnGJsAtp8eqzXfic4G8lE2bk",
-	"s72G8Rz5dGbgxKsIUoHXMYSxknMdUg3Qk9MQdMwyvBMnb8+GtI3sFMI4Rp6d0MZe1D8Nwf6kN3rR4HRy",
-	"OjkH9EXwRIUQnwLXdyLNJDNnwxPHfKwm43hyCv8D1XPLaax6UX8yjnvRgLh7QyTARbUPmEggluIBFS0Y",
-	"SUa6E84cLzQk5KLzmuVeaNAzViDVXnrq+L/QXbgS2bL2CBROyQXEgJ5agahU6jvhmFJZ1MBsJReIiQam",
-	"EOicdO/EVrGWRT04t/zRGk4FU2z/8a+C7trtXtWp5ml7smKFtPzObR3sSyJFsObQehKb8hxXvKIKYzVP",
-	"yJa9yI/WIy7cx1E/hGgwOYcEU1ZmBsaD4asQBsNXkwZA2UrkORc8J6cM2pJ6zhbeLMO6jYYtNtqyw1uO",
-	"WfJGKam2c2KChvGsNQvaA41q2wYX8Jfbq7+CXwcuXLQDOQe1gUgmyxB0Gc+Aaej5lNDr96yJdG/Ysyij",
-	"G+wDLJUEYSVmm5f/H1lGwbSpmTbMlG35fYOJ39dG2lXuevDu9lq/zWub5fT9GmM8NxA2Sa7L95afPs4Q",
-	"CqYMIX4C0C5CubDJ3bYActEC5tsD39qi0TtQ9mvkM+febisoOR5d5TLBbTESrjA2MJ+hAHxAtYQHppZc",
-	"TNd9AMxZdk/5cLONIOm50SDnAubczEAbLGBgM6uQtgMCWYBt71Cfw5SZGSqQ9DnnGkmzKm86OYIwcJta",
-	"s+ax+HCN6p+OWOehGnZvg1PWfG1BTbFy45vcllNT5jlTy72gMWPi1m+loHRH/GCg+NHuPwgqVgKtmexS",
-	"6nYtelMnqomYrHF3M6JuXZTYVVdgZ0wlkGCBItEgxQiQxTM4ieQidDF+CvIBVcYKKuycWtHYVNHmIYY9",
-	"BocD/B2yXVqh/KFTbA7VdMLm2ANZEBB4mgFRLzImIEUTz1A7VKeNVGyKwFLK8rFkGeqYi+kxbH1JaDO7",
-	"p27h/FqCnN3jYbbbRAPNdqHh84YNNiVrDSfXeR+HGBLjgf+TGMl2B+T4BgwTOKUzW2ZBSCwp0SwI3sRM",
-	"tyOyB5aVLenxqkBF6UymkJeZzWwsSRr2TGQZZbg2qCjzqM2eRbtl1hOxg4EEEvQ4PDnU4EpLveNCGyZa",
-	"02S4XfPrhZObDJ9o9/ZlXbtakQmfgg2rNnjLSCnfIULmEfFhQ4HDpwEbOlj+KwIrtm1K3FIWvHGH5MiD",
-	"sG4H27BjKrMEFZzc4xIKhSlfnEIp6JFNvkZS7yKlCSmIxxedv7PO137n5+7nzgQ0TlfJdcuGlTGIpYXe",
-	"wShQbF4r2u6XZilu15JaODyrmFWmOqqFqVnq6frmeLwTqWw5eVX8bqO/mqpVB2r/aJClsTDQ5iPbL2Zc",
-	"U+calYZ6diENROjGAUm7uXfFsmD5jtNJ/e7zZnuWZuhVrSh5GXbba98YqD0bPMv91jWPv6+723NIJBdH",
-	"TPeqcWdLJt3hp3bLO667ZX1epnAdw+HKWODbosrRNtlzTKnhXA/QDpl52HeOAgApz7LtU/s3quuU+SK5",
-	"WGHJ2jSNgKc+t+2LLA1w47ugarKVl9oeXLsRD6v861DYM5v5/Q/wrrAiZhiXipvlLdH14YJMtQ0kbjwj",
-	"kFVTqGRp0Oay3szOB76G0CPct/xqQVEvR6N4rF0jaQuPHXyCKoV2zWGnw0oz6xh5j0J3KNOQMa2WJKmX",
-	"ZSX5zJjC3edxn6U38C7R16AwZ0WBSTU/tc1GBbhr2bo2Ze7CBcQZJ+9eX91+1FXrvuoM7Hx1dR9WUeAG",
-	"ZjJL9GpwaFmDYVGGcOJO3qkb7Gq2tJZQ6M1Xo3cnqtCKZe5bg/OVxXhcIXhZTS0JZYNiYopWBj+QFAlo",
-	"o5DlGiIW3wMuWGyy5Z2gV+riW5DehVtEuHlz8cuHN908gVSq2txBY86EIe9VqlmeGVvK0riRZ8Zj9P2t",
-	"i+3gomDxDDvDbr8GBgNnfvUQhAEdLOeqQbfvdskCBSt4MArOuv3uWRAGBfNDjCqs6PvUgTFKbFaHd0kw",
-	"8mOpr7bdqN0oD/v9J26Tj7tF9pOvlktkO/lRMkatgWtgGX9Af4tcNcnBe/6AArW2j6vzsFOdD359rzoG",
-	"F6ZXZIxvKLJZZbZk9hyqqdK1kjmaGZYaiCS4LNYlt7zsv9xlmpVwtSv2utI1qpXGVn2XGnZqf+OW/yW+",
-	"tLyt3j/2z56rNxHh5G04WaNsTumIxTPKCKfODg+D3sYtWas9CFi9ru37jobZuNRrMdB6B9BZ1z5GBkfY",
-	"imw7PHL/s2OQ9LAhXrN0FfXWMStXFBUA9P810HTCtdTGYjtXaVGbS5ksfzfDNxrAx2Y9N6rEx+/o9MaM",
-	"cld+y5jwru4f5bpjQ+O4dBMGLwdnx+0fDr9zqJ79UaFNfgPmJ6jVdVCFVZXNQdMK+STMsFWkuzpcj/Wm",
-	"w78oNv8ysjjADmM9DS5WXKRKUIXrHX7W73ASF9W6x04v9Apc3wmiIuednP0qVbUv48Zk2EGRcCbCrasO",
-	"i2Ph5PLq6v3I3a0sDYbQB6lgcNq9E19qYO7LiGxSA3cEJi04I3PQ216dApXF/Sd6C/3YzEaE3/hLj4wn",
-	"DjBJBTEzLJNTsIM2W/Crfx2DCFNK9SR8yhX1BkuD5ySPn7+mjGelwjvhxry0cYYsQaVhToBQE/RjkVTG",
-	"Ac9YCoGxsf+VpaW3Z7IkrnomlQlBEIaEuZJi6sDYdtq6de7+d0hcMjZoOg67NmVY9VURF/6GYquTrlN6",
-	"EEm3Pns6klhrEtxCzqFrXphwCBteO606rq2jDsZ7l5g2F3cItHO0+PhnzL39n/+Tqw/L1bc2pOsX95g0",
-	"2kpo6SpXCbsWxDsR4ke/x///CBobduNvAfUGwW8l2jj3/VljNtY8sOETbcTkO6KQ2hBxx/FbC/1CVyb6",
-	"c2KS7x63/zwcrqqjTIHVLOtsX02DKH4ew/UoaDyhEHDDGxdcpcr8OGbU62UyZtlMajN61X/VDx4nj/8I",
-	"AAD//w==",
+	"7Fptc9u4c/8qO2xnLOWoRzv/88lvGueSaTrJ2RMnfVFZdSByKeFMAjwAtKRk/N07C4ASKVG2lF6u15n/",
+	"G5siwH3G7m+X/BZEMsulQGF0MPoWKNS5FBrtj2slpylmdBlJYVAYumR5nvKIGS5FL3c7fvpdS0FrOppj",
+	"xujqXxUmwSj4l96Gfs+t6l5J9/HxMQxi1JHiOZELRsErAR/fvoZfzl7+DJ54N6Bt/lkifZnK6N5KEsec",
+	"nmPptZI5KsNJ7oSlGrfpvkkxQ2FgCTIBM0eYEpETDVO5BK4hl9q0tCxUhOMp0wg/QSQxSeDfoLWEDsgk",
+	"0Wh0e9LuBmGQV9h9C2j/cyq/EzEug8cwsFRpd12+K4Gg5AJyVODEgJhnKDSXIgQpECKZFpmwG2LUhgvr",
+	"gc0ukosbzPTBophVjsEoYEqxFf1OUczM/Nnn3/ttj2HgrXIwR7IybT5IzmupzVXeJKgzED2fceHECUaD",
+	"9T5tFBczGzUK/yi4wjgYjdfCbhRdUwqdD0vvTNak5PR3jAzxvJTLZ0OuHhY/2pzPqrdHjeuU2bP610ob",
+	"BrIweWHupivjOCZSZcwEo4AL84+zYC0sFwZnqCqPOE4HPpNzjByDw6KMtluTNASaQhYfTuojsriZ0gGR",
+	"WFd1y1prrUqRmlz7eo7RfS65MO+5O2Z1D0fr9bpKW6fmGdmrVJqk+PWTvfMtQFFk9MDl1dX7IAw+nwdh",
+	"8I7+fB78gy7t38+nQ7q2fz9bh76zf9/a1Uv3761dfusWzu/enH049VcvPwwrQmw0+BUTVFbgo4rEK9Co",
+	"HlB1NI8p4WZ5ijbJmjkz9ndhUNvyYVBoqSBRMoONSfxtDUK6AgMRE7fCcZliF5L8/M4u3MX4R8GEGfls",
+	"r2G8QD6bG2h5FUEq8DqGMFZyoUOqAXrSDkFHLMVb0Xp7OqRtZKcQxhHytEUbe9N+OwT7k57oTQftSXty",
+	"AeiLYEuFELWB61uRpJKZ02HLMR+ryTiatOEFlPctp7HqTfuTcdSbDoi7N0QMXJT7gIkYIikeUNGCkWSk",
+	"W+HMcaIhJhddVCx3okHPWY5Ue+mu43+iu3Al0lXlFiickQuIAd21AlGp1LfCMaWyqIHZSi4QYw1MIdA5",
+	"6UK2TPKz0tbQmuWmI7UGXFIg6BCYBqOY0JRXUOmTW+GVuMsk3uUsusf4rnSqPXokRNauuM26U0Pr83kI",
+	"4zchOE/NlCxyHcLlBKS6FePtu6UT7YOlq88/9MMNONEn3kQLbuayMHBJPnxgaUGuV3IRwuzF8BJ+Ak6+",
+	"hCQ/awk+naYIPIRULsD/SrjShpw6/G/nT+jAYPhzu+o/vzB8+dKGxW/st/aFZQxMeHNtoIaVUaEuUkOM",
+	"SWun2YvhpTPABFrWrrnUGJOZb0XVzqDQFEpo4KYdAqYaoWahF8PLSfdW7CAtmVczy85hCsKg5vDG3JAz",
+	"xZ7P5WUGuXa716CjnjqfhB8hLb9zWwfPVYQ82HBoTKt1eY5DItMSMNfT3Y796FDaMHC5azzthzAdTC4g",
+	"xoSRs8eD4XkIg+H5pIY2d6pyxgXPyEmDpgqdsaU3y7Bqo2GDjXbs8JZjGr9RSqrdAhejYTxtLGk2O6Pa",
+	"tcEr+I+bq9/ArwMXLnUBOQe1gamMVyHoIppTruj5VNDr99wR7Q17FjJ2g+fQZylBWIrZ5OV/R5ZSMG1r",
+	"pg0zRVOx3mLi9zWRdjCsGrz7vdZv8to2Nnq/AYzfGwjbJDdYbMdPn+YIOVOG2jfqhlyEcmErtU2ZctnQ",
+	"mTUHvrVFrRGkVFgrTs693UaEeTxUzmSMu2LEXGFkYDFHAfiAagUPTK24mFUy7YKl91TctntCkp4bDXIh",
+	"XJrWBnMY2DIppG1nQeZge3XUFzBjZo4KJP1dcI2kWZlHnRxBGLhNjVnzWLC/adGejljnoUoj1oSNrfma",
+	"gppi5aOfWDScmiLLmFo92wGkTNz4rRSU7ogfjPo/2f0H4f5SoA2TfUrdbESv60QAB+NNE1WPqBsXJXbV",
+	"oaU5UzHEmKOINUgxAmTRHFpTuQxdjLdBPqBKWU4ojWvDRWTKaPN40R6Dw7u1PbJdWqH8oVNsAeWoyebY",
+	"A1kQBHuaAVHPUyYgQRPNUTuIro1UbIbAEsrykSTkFXExO4atLwlNZvfU1wDRSZCxezzMdttooN771Xxe",
+	"s8G2ZI3h5MYoxyGG2Pgu7kmMZFs9cnwNlgmc0Zkt0iAklpRolgRvIqabEZmFtA0jsRwVpTOZQFakNrOx",
+	"OK7ZM5bFNMWNQUWRTZvsmTdbZjPePBhIIEGPw5NDBa401DsutGGiMU2GuzW/Wji5SfGJ3v25rGtXSzLh",
+	"U7BhPdPYMVLC94iQekR82ITn8NHOlg6W/5rAmm2TEjeUBT+6Q3LkQdj09k3YMZFpjApa97iCXGHCl20o",
+	"BN2yyddIakSlNCEF8fhV579Y52u/80v3rjMBjbN1ct2xYWkMYmmhdzAKFFtUirb7pVmCu7WkEg7fVcxK",
+	"Ux3VwlQs9XR9czzeiUQ2nLwyfnfRX0XVcpxg/2mQhbEw0OYj2/ynXBuMYVoYiJgQ0sAU3Wwnbjb3vlgW",
+	"LNtzOqkz/75BraUZelVLSl6G/fZ6bqbXnA2+y/3WNY9/rrubc8hULo8Y1Zaz64ZMusdPzZZ3XPfL+n2Z",
+	"wnUMhytjgW+DKkfb5JljSg3nZhp6yMzDPnMUAEh4mu6e2v+kuk6ZbyqXayxZGY0S8NQX6/EWN74LKseU",
+	"WaHtwbUb8bDKvwmFZ2Yzf/4B3hdWxAyjQnGzuiG6PlyQqaaBxEfPCGTZFCpZGLS5rDe384GvIfQI962+",
+	"WlDUy9AoHmnXSNrCY6fYoAqhXXPY6bDCzDtG3qPQHco0ZEyrJUnqZVlLPjcmdy9nuc/SW3iX6GtQmLE8",
+	"x7gchttmowTclWxdeWXQhVcQpZy8e31180mXrfu6M7DD8vXLzZICNzCXaazXU2DLGgybpggtd/Labkqv",
+	"2cpaQqE3X4XerShDK5KZbw0u1hbjUYngZTmCJpQNiokZWhn8dFnEoI1ClmmYsugecMkik65uBT1SFd+C",
+	"9C7cIMLHN69+/fCmm8WQSFWZO2jMmDDkvVI1yzNlK1kYNwJNeYS+v3WxHbzKWTTHzrDbr4DBwJlfPQRh",
+	"QAfLuWrQ7btdMkfBch6MgtNuv3sahEHO/BCjDCu6njkwRonN6vAuDkZ+LPXVthuVzwOG/f4TnwYc90mA",
+	"n3w1fBFgJz9KRqg1cA0s5Q/oPwkom+TgPX9AgVrb2+V52KvOB7/+rDoGl6aXp4xvKbJdZXZk9hzKqdK1",
+	"khmaORYaiCS4LNYlt5z1z/aZZi1c5XuJqtIVqqXGVn2XGvZq/9Et/5/40vK2er/sn36v3kSEk7ehtUHZ",
+	"3L6eieaUEdrODg+D3tYrz0Z7ELB6Xdn3Aw2z9Ya2wUCbHUBnXfsYGRxhK7Lt8Mj93x2DpIcN8Yqly6i3",
+	"jlm7Ii8BoP8EpO6Ea6mNxXau0qI2lzJe/WmGrzWAj/V6blSBjz/Q6bUZ5b78ljLhXd0/ynXHhsZx6SYM",
+	"zganx+0fDn9wqJ7+VaFNfgPmJ6jl66ASqyqbg2Yl8omZYetId3W4Gut1h39RbPFlZHGAHcZ6GlysuUgV",
+	"owo3O/ys3+EkLsp1j51O9Bpc3wqiIhedjP0uVbkv5cak2EERcybCnVcdFsdC6/Lq6v3IvVtZGQyhD1LB",
+	"oN29FV8qYO7LiGxSAXcEJi04I3PQ016dHJXF/S29g35sZiPCb/xLj5THDjBJBREzLJUzsIM2W/DL7wBh",
+	"igmlehLevtK2gl6QPH7+mjCeFgpvhRvz0sY5shiVhgUBQk3Qj02lMg54RlIIjIz9xE5Lb894RVz1XCoT",
+	"giAMCQslxcyBsd20dePc/f8hccnIoOk47FqXYd1XTbnwbyh2OukqpQcRd6uzpyOJNSbBHeQcVj5AYJGB",
+	"106rjmvrqIPx3iWm9cU9Au0dLT7+HXNv/5d/5urDcvWNDenqi3uMa20lNHSV64RdCeK9CPGT3+O/H0Fj",
+	"w278LaDeIPijQBvnvj+rzcbqBzZ8oo2Y/EAUUhki7jl+G6FPdGmivycm+eFx+7+Hw2V1lAmwimWd7ctp",
+	"EMXPY7gZBY0nFAJueOOCq1CpH8eMer1URiydS21G5/3zfvA4efyfAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -9,11 +9,12 @@ import (
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
 
-// deferredSpec is a validated completion. fp8_block_dequant is elementwise-local, so it is planned
-// like a block: each segment reads only its weight region and the scale rows and columns covering
-// it, never the whole tensor.
+// deferredSpec is a validated completion. Both dequantizations are elementwise-local, so they are
+// planned like blocks: each segment reads only its part of the quantized tensor and the scales
+// covering it, never the whole tensor. weight and scale are the two sources of either op.
 type deferredSpec struct {
-	kernel        *tensor.BlockDequant
+	kernel        *tensor.BlockDequant // fp8_block_dequant
+	mx            *tensor.MXFP4        // mxfp4_dequant
 	weight, scale *checkpoint.Tensor
 }
 
@@ -22,7 +23,7 @@ func validateDeferred(e *errs, tptr string, t *api.TensorRequest, dst tensor.DTy
 	ptr := tptr + "/deferred"
 	before := len(e.Errors)
 	if !d.Op.Valid() {
-		e.schema(ptr+"/op", "unknown op %q: this server runs fp8_block_dequant", d.Op)
+		e.schema(ptr+"/op", "unknown op %q: this server runs fp8_block_dequant and mxfp4_dequant", d.Op)
 		return nil
 	}
 	if t.Blocks != nil && len(*t.Blocks) > 0 {
@@ -32,12 +33,15 @@ func validateDeferred(e *errs, tptr string, t *api.TensorRequest, dst tensor.DTy
 		e.add(ptr, "a tensor computed by a completion takes no fill: the completion covers it whole")
 	}
 	if len(d.Sources) != 2 {
-		e.add(ptr+"/sources", "fp8_block_dequant needs two sources, the weight and its scale, got %d", len(d.Sources))
+		e.add(ptr+"/sources", "%s needs two sources, the quantized tensor and its scales, got %d", d.Op, len(d.Sources))
 		return nil
 	}
 	if d.Sources[0] == d.Sources[1] {
 		e.add(ptr+"/sources/1", "sources must be distinct")
 		return nil
+	}
+	if d.Op == api.Mxfp4Dequant {
+		return validateMXFP4(e, tptr, t, dst, ck)
 	}
 	block := [2]int64{128, 128}
 	if d.Params != nil && d.Params.Block != nil {
@@ -115,5 +119,77 @@ func (s *segmenter) dequantSegment(d *deferredSpec, off, lens []int64, seg *Segm
 		needed += part.touched
 	}
 	seg.Dequants = append(seg.Dequants, Dequant{Kernel: d.kernel, WeightKey: d.weight.Key, ScaleKey: d.scale.Key, Region: g})
+	return needed, spans, nil
+}
+
+func validateMXFP4(e *errs, tptr string, t *api.TensorRequest, dst tensor.DType, ck *checkpoint.Checkpoint) *deferredSpec {
+	ptr := tptr + "/deferred"
+	var src [2]*checkpoint.Tensor
+	for i, name := range t.Deferred.Sources {
+		st, ok := ck.Tensors[name]
+		if !ok {
+			e.add(fmt.Sprintf("%s/sources/%d", ptr, i), "checkpoint %q has no tensor %q", ck.Name, name)
+			return nil
+		}
+		src[i] = st
+	}
+	b, s := src[0], src[1]
+	if b.DType != tensor.U8 || len(b.Shape) < 3 || len(b.Shape) > 4 {
+		e.add(ptr+"/sources/0", "the blocks must be U8 [experts, rows, groups, bytes] or [rows, groups, bytes], %q is %s %v", b.Name, b.DTypeName, b.Shape)
+		return nil
+	}
+	if (s.DType != tensor.U8 && s.DTypeName != "F8_E8M0") || !slices.Equal(s.Shape, b.Shape[:len(b.Shape)-1]) {
+		e.add(ptr+"/sources/1", "the scales must be U8 or F8_E8M0 of shape %v, %q is %s %v", b.Shape[:len(b.Shape)-1], s.Name, s.DTypeName, s.Shape)
+		return nil
+	}
+	out, err := tensor.NewPipeline(tensor.F32, nil, dst)
+	if err != nil {
+		e.add(tptr+"/dtype", "the dequantized float32 values cannot become %s", dst)
+		return nil
+	}
+	n := len(b.Shape)
+	gb := b.Shape[n-1]
+	want := []int64{b.Shape[n-3], b.Shape[n-2] * 2 * gb}
+	transposed := n == 4
+	if transposed {
+		want = []int64{b.Shape[0], b.Shape[2] * 2 * gb, b.Shape[1]}
+	}
+	if !slices.Equal(t.Shape, want) {
+		e.add(tptr+"/shape", "the dequantized shape of %v blocks is %v", b.Shape, want)
+		return nil
+	}
+	return &deferredSpec{mx: &tensor.MXFP4{GroupBytes: gb, Transposed: transposed, Out: out}, weight: b, scale: s}
+}
+
+// mxfp4Segment plans one segment of an MXFP4-dequantized tensor: the block bytes and scales of
+// its rows and groups.
+func (s *segmenter) mxfp4Segment(d *deferredSpec, off, lens []int64, seg *Segment) (needed int64, spans []Read, err error) {
+	b := d.weight.Shape
+	n := len(b)
+	rows, groups, gb := b[n-3], b[n-2], b[n-1]
+	g := tensor.MXRegion{BlocksOff: d.weight.Begin, ScalesOff: d.scale.Begin, Rows: rows, Groups: groups, NE: 1}
+	if d.mx.Transposed {
+		g.E0, g.NE, g.C0, g.NC, g.R0, g.NR = off[0], lens[0], off[1], lens[1], off[2], lens[2]
+	} else {
+		g.R0, g.NR, g.C0, g.NC = off[0], lens[0], off[1], lens[1]
+	}
+	first := g.C0 / (2 * gb)
+	ng := (g.C0+g.NC-1)/(2*gb) - first + 1
+	for _, part := range []struct {
+		t      *checkpoint.Tensor
+		start  int64
+		layout tensor.Strided
+	}{
+		{d.weight, d.weight.Begin + ((g.E0*rows+g.R0)*groups+first)*gb, tensor.Strided{Lengths: []int64{g.NE, g.NR, ng * gb}, Src: []int64{rows * groups * gb, groups * gb, 1}, Dst: []int64{0, 0, 0}}},
+		{d.scale, d.scale.Begin + (g.E0*rows+g.R0)*groups + first, tensor.Strided{Lengths: []int64{g.NE, g.NR, ng}, Src: []int64{rows * groups, groups, 1}, Dst: []int64{0, 0, 0}}},
+	} {
+		sp, err := s.spans(part.layout.Simplify(), part.start, 1)
+		if err != nil {
+			return 0, nil, err
+		}
+		spans = append(spans, s.reads(part.t, sp)...)
+		needed += touched(part.layout.Lengths, part.layout.Src)
+	}
+	seg.MXFP4s = append(seg.MXFP4s, MXFP4{Kernel: d.mx, BlocksKey: d.weight.Key, ScalesKey: d.scale.Key, Region: g})
 	return needed, spans, nil
 }

@@ -98,14 +98,22 @@ type Segment struct {
 	Spans    []Read
 	Copies   []Copy
 	Dequants []Dequant
+	MXFP4s   []MXFP4
+}
+
+// MXFP4 computes one box of an MXFP4-dequantized tensor from the span buffers; the box is all of
+// the segment.
+type MXFP4 struct {
+	Kernel               *tensor.MXFP4
+	BlocksKey, ScalesKey string
+	Region               tensor.MXRegion
 }
 
 // Dequant computes one box of a block-dequantized tensor from the span buffers.
 type Dequant struct {
 	Kernel              *tensor.BlockDequant
 	WeightKey, ScaleKey string
-	Region              tensor.Region
-	Dst                 int64 // offset in the segment buffer: the box is all of the segment
+	Region              tensor.Region // the box, which is all of the segment
 }
 
 // Read is one byte range of a file.

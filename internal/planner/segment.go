@@ -166,8 +166,12 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 		}
 		spans = append(spans, s.reads(b.src, sp)...)
 	}
-	if spec.deferred != nil {
-		n, sp, err := s.dequantSegment(spec.deferred, off, lens, &seg)
+	if d := spec.deferred; d != nil {
+		plan := s.dequantSegment
+		if d.mx != nil {
+			plan = s.mxfp4Segment
+		}
+		n, sp, err := plan(d, off, lens, &seg)
 		if err != nil {
 			return seg, 0, err
 		}

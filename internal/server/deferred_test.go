@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -129,6 +130,69 @@ func TestInvalidDeferredRequests(t *testing.T) {
 			if res.status != c.status || res.problem.Errors == nil || !slices.ContainsFunc(*res.problem.Errors, func(e api.FieldError) bool { return e.Pointer == c.pointer }) {
 				t.Errorf("%s: %d %s, want %d at %s", c.name, res.status, res.body, c.status, c.pointer)
 			}
+		}
+	})
+}
+
+// gpt-oss experts: blocks U8 [E, rows, groups, 16], scales U8 [E, rows, groups], read as
+// transformers' convert_moe_packed_tensors does (low nibble first, 2^(s-127), result transposed to
+// [E, groups*32, rows]); scales at the extremes; checked element by element.
+func TestMXFP4DequantAgainstBruteForce(t *testing.T) {
+	opts := planner.DefaultOptions()
+	opts.SegmentBytes = 40 // segments of a few columns
+	eachStore(t, opts, func(t *testing.T, h *harness) {
+		fp4 := []float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, float32(math.Copysign(0, -1)), -0.5, -1, -1.5, -2, -3, -4, -6}
+		const experts, rows, groups = 2, 3, 2
+		r := rand.New(rand.NewPCG(4, 4))
+		blocks := make([]byte, experts*rows*groups*16)
+		for i := range blocks {
+			blocks[i] = byte(r.IntN(256))
+		}
+		scales := []byte{127, 0, 254, 255, 128, 1, 126, 130, 125, 127, 64, 200}
+		writeCheckpoint(t, h, "oss",
+			safetensors.TensorData{Name: "mlp1_weight.blocks", DType: "U8", Shape: []int64{experts, rows, groups, 16}, Data: blocks},
+			safetensors.TensorData{Name: "mlp1_weight.scales", DType: "U8", Shape: []int64{experts, rows, groups}, Data: scales})
+		value := func(e, c, row int64) float32 {
+			b := blocks[((e*rows+row)*groups+c/32)*16+(c%32)/2]
+			code := b & 0xF
+			if c%2 == 1 {
+				code = b >> 4
+			}
+			s := scales[(e*rows+row)*groups+c/32]
+			if s == 255 {
+				return float32(math.NaN())
+			}
+			return fp4[code] * float32(math.Ldexp(1, int(s)-127))
+		}
+		shape := []int64{experts, groups * 32, rows}
+		boxes := []api.Box{{Offsets: []int64{0, 0, 0}, Lengths: shape}, {Offsets: []int64{1, 30, 1}, Lengths: []int64{1, 5, 2}}}
+		for _, dt := range []api.DType{api.BF16, api.F32} {
+			res := h.do("POST", "/v1/shards", shardReq("oss", api.TensorRequest{Name: "w", Dtype: dt, Shape: shape, Boxes: boxes,
+				Deferred: &api.Deferred{Op: api.Mxfp4Dequant, Sources: []string{"mlp1_weight.blocks", "mlp1_weight.scales"}}}))
+			var want []byte
+			for _, b := range boxes {
+				for e := b.Offsets[0]; e < b.Offsets[0]+b.Lengths[0]; e++ {
+					for c := b.Offsets[1]; c < b.Offsets[1]+b.Lengths[1]; c++ {
+						for row := b.Offsets[2]; row < b.Offsets[2]+b.Lengths[2]; row++ {
+							v := value(e, c, row)
+							if dt == api.BF16 {
+								want = binary.LittleEndian.AppendUint16(want, tensor.BF16FromF32(v))
+							} else {
+								want = binary.LittleEndian.AppendUint32(want, math.Float32bits(v))
+							}
+						}
+					}
+				}
+			}
+			if res.status != 200 || string(res.body) != string(want) {
+				t.Fatalf("%s: %d %s", dt, res.status, res.body[:min(len(res.body), 200)])
+			}
+		}
+		// The wrong result shape is a 422 naming the shape transformers' reading gives.
+		res := h.do("POST", "/v1/plan", shardReq("oss", api.TensorRequest{Name: "w", Dtype: api.BF16, Shape: []int64{experts, rows, groups * 32}, Boxes: whole(experts, rows, groups*32),
+			Deferred: &api.Deferred{Op: api.Mxfp4Dequant, Sources: []string{"mlp1_weight.blocks", "mlp1_weight.scales"}}}))
+		if res.status != 422 || !strings.Contains(string(res.body), "[2 64 3]") {
+			t.Errorf("wrong shape: %d %s", res.status, res.body)
 		}
 	})
 }
