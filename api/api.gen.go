@@ -79,6 +79,7 @@ func (e DType) Valid() bool {
 // Defines values for DeferredOp.
 const (
 	Fp8BlockDequant DeferredOp = "fp8_block_dequant"
+	LoraMerge       DeferredOp = "lora_merge"
 	Mxfp4Dequant    DeferredOp = "mxfp4_dequant"
 )
 
@@ -86,6 +87,8 @@ const (
 func (e DeferredOp) Valid() bool {
 	switch e {
 	case Fp8BlockDequant:
+		return true
+	case LoraMerge:
 		return true
 	case Mxfp4Dequant:
 		return true
@@ -203,7 +206,9 @@ type DType string
 // [rows, groups, B]), scales (U8 or F8_E8M0, the blocks' shape without B)]; value
 // (row, g*2B + i) is fp4(nibble i, low nibble first) * 2^(scale - 127) in float32 (scale 255 is
 // NaN); with an expert dimension the result is [E, groups*2B, rows] (transposed, as
-// transformers returns it), else [rows, groups*2B].
+// transformers returns it), else [rows, groups*2B]. lora_merge: sources [W [out, in], A [r, in],
+// B [out, r]] of float dtypes; element (i, j) is W[i][j] + (alpha/rank) * sum over k of
+// B[i][k] * A[k][j], in float32 with k in order; rank defaults to r.
 type Deferred struct {
 	Op      DeferredOp      `json:"op"`
 	Params  *DeferredParams `json:"params,omitempty"`
@@ -215,8 +220,14 @@ type DeferredOp string
 
 // DeferredParams defines model for DeferredParams.
 type DeferredParams struct {
+	// Alpha lora_merge's alpha; default 1.
+	Alpha *float64 `json:"alpha,omitempty"`
+
 	// Block fp8_block_dequant's scale block [b0, b1]; default [128, 128].
 	Block *[]int64 `json:"block,omitempty"`
+
+	// Rank lora_merge's rank; default the adapters' r.
+	Rank *int64 `json:"rank,omitempty"`
 }
 
 // FieldError defines model for FieldError.
@@ -350,7 +361,9 @@ type TensorRequest struct {
 	// [rows, groups, B]), scales (U8 or F8_E8M0, the blocks' shape without B)]; value
 	// (row, g*2B + i) is fp4(nibble i, low nibble first) * 2^(scale - 127) in float32 (scale 255 is
 	// NaN); with an expert dimension the result is [E, groups*2B, rows] (transposed, as
-	// transformers returns it), else [rows, groups*2B].
+	// transformers returns it), else [rows, groups*2B]. lora_merge: sources [W [out, in], A [r, in],
+	// B [out, r]] of float dtypes; element (i, j) is W[i][j] + (alpha/rank) * sum over k of
+	// B[i][k] * A[k][j], in float32 with k in order; rank defaults to r.
 	Deferred *Deferred `json:"deferred,omitempty"`
 	Dtype    DType     `json:"dtype"`
 
@@ -711,58 +724,61 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fptc9u4c/8qO2xnLOWoRzv/88lvGueSaTrJ2RMnfVFZdSByKeFMAjwAtKRk/N07C4ASKVG2lF6u15n/",
-	"G5siwH3G7m+X/BZEMsulQGF0MPoWKNS5FBrtj2slpylmdBlJYVAYumR5nvKIGS5FL3c7fvpdS0FrOppj",
-	"xujqXxUmwSj4l96Gfs+t6l5J9/HxMQxi1JHiOZELRsErAR/fvoZfzl7+DJ54N6Bt/lkifZnK6N5KEsec",
-	"nmPptZI5KsNJ7oSlGrfpvkkxQ2FgCTIBM0eYEpETDVO5BK4hl9q0tCxUhOMp0wg/QSQxSeDfoLWEDsgk",
-	"0Wh0e9LuBmGQV9h9C2j/cyq/EzEug8cwsFRpd12+K4Gg5AJyVODEgJhnKDSXIgQpECKZFpmwG2LUhgvr",
-	"gc0ukosbzPTBophVjsEoYEqxFf1OUczM/Nnn3/ttj2HgrXIwR7IybT5IzmupzVXeJKgzED2fceHECUaD",
-	"9T5tFBczGzUK/yi4wjgYjdfCbhRdUwqdD0vvTNak5PR3jAzxvJTLZ0OuHhY/2pzPqrdHjeuU2bP610ob",
-	"BrIweWHupivjOCZSZcwEo4AL84+zYC0sFwZnqCqPOE4HPpNzjByDw6KMtluTNASaQhYfTuojsriZ0gGR",
-	"WFd1y1prrUqRmlz7eo7RfS65MO+5O2Z1D0fr9bpKW6fmGdmrVJqk+PWTvfMtQFFk9MDl1dX7IAw+nwdh",
-	"8I7+fB78gy7t38+nQ7q2fz9bh76zf9/a1Uv3761dfusWzu/enH049VcvPwwrQmw0+BUTVFbgo4rEK9Co",
-	"HlB1NI8p4WZ5ijbJmjkz9ndhUNvyYVBoqSBRMoONSfxtDUK6AgMRE7fCcZliF5L8/M4u3MX4R8GEGfls",
-	"r2G8QD6bG2h5FUEq8DqGMFZyoUOqAXrSDkFHLMVb0Xp7OqRtZKcQxhHytEUbe9N+OwT7k57oTQftSXty",
-	"AeiLYEuFELWB61uRpJKZ02HLMR+ryTiatOEFlPctp7HqTfuTcdSbDoi7N0QMXJT7gIkYIikeUNGCkWSk",
-	"W+HMcaIhJhddVCx3okHPWY5Ue+mu43+iu3Al0lXlFiickQuIAd21AlGp1LfCMaWyqIHZSi4QYw1MIdA5",
-	"6UK2TPKz0tbQmuWmI7UGXFIg6BCYBqOY0JRXUOmTW+GVuMsk3uUsusf4rnSqPXokRNauuM26U0Pr83kI",
-	"4zchOE/NlCxyHcLlBKS6FePtu6UT7YOlq88/9MMNONEn3kQLbuayMHBJPnxgaUGuV3IRwuzF8BJ+Ak6+",
-	"hCQ/awk+naYIPIRULsD/SrjShpw6/G/nT+jAYPhzu+o/vzB8+dKGxW/st/aFZQxMeHNtoIaVUaEuUkOM",
-	"SWun2YvhpTPABFrWrrnUGJOZb0XVzqDQFEpo4KYdAqYaoWahF8PLSfdW7CAtmVczy85hCsKg5vDG3JAz",
-	"xZ7P5WUGuXa716CjnjqfhB8hLb9zWwfPVYQ82HBoTKt1eY5DItMSMNfT3Y796FDaMHC5azzthzAdTC4g",
-	"xoSRs8eD4XkIg+H5pIY2d6pyxgXPyEmDpgqdsaU3y7Bqo2GDjXbs8JZjGr9RSqrdAhejYTxtLGk2O6Pa",
-	"tcEr+I+bq9/ArwMXLnUBOQe1gamMVyHoIppTruj5VNDr99wR7Q17FjJ2g+fQZylBWIrZ5OV/R5ZSMG1r",
-	"pg0zRVOx3mLi9zWRdjCsGrz7vdZv8to2Nnq/AYzfGwjbJDdYbMdPn+YIOVOG2jfqhlyEcmErtU2ZctnQ",
-	"mTUHvrVFrRGkVFgrTs693UaEeTxUzmSMu2LEXGFkYDFHAfiAagUPTK24mFUy7YKl91TctntCkp4bDXIh",
-	"XJrWBnMY2DIppG1nQeZge3XUFzBjZo4KJP1dcI2kWZlHnRxBGLhNjVnzWLC/adGejljnoUoj1oSNrfma",
-	"gppi5aOfWDScmiLLmFo92wGkTNz4rRSU7ogfjPo/2f0H4f5SoA2TfUrdbESv60QAB+NNE1WPqBsXJXbV",
-	"oaU5UzHEmKOINUgxAmTRHFpTuQxdjLdBPqBKWU4ojWvDRWTKaPN40R6Dw7u1PbJdWqH8oVNsAeWoyebY",
-	"A1kQBHuaAVHPUyYgQRPNUTuIro1UbIbAEsrykSTkFXExO4atLwlNZvfU1wDRSZCxezzMdttooN771Xxe",
-	"s8G2ZI3h5MYoxyGG2Pgu7kmMZFs9cnwNlgmc0Zkt0iAklpRolgRvIqabEZmFtA0jsRwVpTOZQFakNrOx",
-	"OK7ZM5bFNMWNQUWRTZvsmTdbZjPePBhIIEGPw5NDBa401DsutGGiMU2GuzW/Wji5SfGJ3v25rGtXSzLh",
-	"U7BhPdPYMVLC94iQekR82ITn8NHOlg6W/5rAmm2TEjeUBT+6Q3LkQdj09k3YMZFpjApa97iCXGHCl20o",
-	"BN2yyddIakSlNCEF8fhV579Y52u/80v3rjMBjbN1ct2xYWkMYmmhdzAKFFtUirb7pVmCu7WkEg7fVcxK",
-	"Ux3VwlQs9XR9czzeiUQ2nLwyfnfRX0XVcpxg/2mQhbEw0OYj2/ynXBuMYVoYiJgQ0sAU3Wwnbjb3vlgW",
-	"LNtzOqkz/75BraUZelVLSl6G/fZ6bqbXnA2+y/3WNY9/rrubc8hULo8Y1Zaz64ZMusdPzZZ3XPfL+n2Z",
-	"wnUMhytjgW+DKkfb5JljSg3nZhp6yMzDPnMUAEh4mu6e2v+kuk6ZbyqXayxZGY0S8NQX6/EWN74LKseU",
-	"WaHtwbUb8bDKvwmFZ2Yzf/4B3hdWxAyjQnGzuiG6PlyQqaaBxEfPCGTZFCpZGLS5rDe384GvIfQI962+",
-	"WlDUy9AoHmnXSNrCY6fYoAqhXXPY6bDCzDtG3qPQHco0ZEyrJUnqZVlLPjcmdy9nuc/SW3iX6GtQmLE8",
-	"x7gchttmowTclWxdeWXQhVcQpZy8e31180mXrfu6M7DD8vXLzZICNzCXaazXU2DLGgybpggtd/Labkqv",
-	"2cpaQqE3X4XerShDK5KZbw0u1hbjUYngZTmCJpQNiokZWhn8dFnEoI1ClmmYsugecMkik65uBT1SFd+C",
-	"9C7cIMLHN69+/fCmm8WQSFWZO2jMmDDkvVI1yzNlK1kYNwJNeYS+v3WxHbzKWTTHzrDbr4DBwJlfPQRh",
-	"QAfLuWrQ7btdMkfBch6MgtNuv3sahEHO/BCjDCu6njkwRonN6vAuDkZ+LPXVthuVzwOG/f4TnwYc90mA",
-	"n3w1fBFgJz9KRqg1cA0s5Q/oPwkom+TgPX9AgVrb2+V52KvOB7/+rDoGl6aXp4xvKbJdZXZk9hzKqdK1",
-	"khmaORYaiCS4LNYlt5z1z/aZZi1c5XuJqtIVqqXGVn2XGvZq/9Et/5/40vK2er/sn36v3kSEk7ehtUHZ",
-	"3L6eieaUEdrODg+D3tYrz0Z7ELB6Xdn3Aw2z9Ya2wUCbHUBnXfsYGRxhK7Lt8Mj93x2DpIcN8Yqly6i3",
-	"jlm7Ii8BoP8EpO6Ea6mNxXau0qI2lzJe/WmGrzWAj/V6blSBjz/Q6bUZ5b78ljLhXd0/ynXHhsZx6SYM",
-	"zganx+0fDn9wqJ7+VaFNfgPmJ6jl66ASqyqbg2Yl8omZYetId3W4Gut1h39RbPFlZHGAHcZ6GlysuUgV",
-	"owo3O/ys3+EkLsp1j51O9Bpc3wqiIhedjP0uVbkv5cak2EERcybCnVcdFsdC6/Lq6v3IvVtZGQyhD1LB",
-	"oN29FV8qYO7LiGxSAXcEJi04I3PQ016dHJXF/S29g35sZiPCb/xLj5THDjBJBREzLJUzsIM2W/DL7wBh",
-	"igmlehLevtK2gl6QPH7+mjCeFgpvhRvz0sY5shiVhgUBQk3Qj02lMg54RlIIjIz9xE5Lb894RVz1XCoT",
-	"giAMCQslxcyBsd20dePc/f8hccnIoOk47FqXYd1XTbnwbyh2OukqpQcRd6uzpyOJNSbBHeQcVj5AYJGB",
-	"106rjmvrqIPx3iWm9cU9Au0dLT7+HXNv/5d/5urDcvWNDenqi3uMa20lNHSV64RdCeK9CPGT3+O/H0Fj",
-	"w278LaDeIPijQBvnvj+rzcbqBzZ8oo2Y/EAUUhki7jl+G6FPdGmivycm+eFx+7+Hw2V1lAmwimWd7ctp",
-	"EMXPY7gZBY0nFAJueOOCq1CpH8eMer1URiydS21G5/3zfvA4efyfAAAA//8=",
+	"7Fptb9s48v8qA/3/QOxWfky6m3XeXNJtcT20m6Bpb4GzfSktjW02Eqklqdhuke9+GJKyZVuO7d52bw+4",
+	"N4ksUfPMmd8M9TWIZJpJgcLooPc1UKgzKTTaHzdKjhJM6TKSwqAwdMmyLOERM1yKVuZWPP+spaBnOppi",
+	"yujq/xWOg17wf60V/ZZ7qlsF3cfHxzCIUUeKZ0Qu6AWXAt6/fgk/nb34ETzxZkDL/LtE+iqR0b2VJI45",
+	"vceSGyUzVIaT3GOWaNyk+yrBFIWBOcgxmCnCiIicaBjJOXANmdSmpmWuIuyPmEZ4DpHE8Rj+ArU5NECO",
+	"xxqNrg/rzSAMshK7rwGt36fyGxHjPHgMA0uVVq/Ldy0QlJxBhgqcGBDzFIXmUoQgBUIkkzwVdkGM2nBh",
+	"PbBaRXJxg6k+WBSzyDDoBUwptqDfCYqJme59/61f9hgG3ioHcyQr0+KD5LyR2lxnVYI6A9H7KRdOnKDX",
+	"Wa7TRnExsVGj8LecK4yDXn8p7ErRJaXQ+bDwznBJSo4+Y2SI55Wc7w259bD43ubcq94ONW4SZvfqHytt",
+	"GMjcZLm5Gy2M4ziWKmUm6AVcmB/OgqWwXBicoCq94jgd+E7GMXIMDosyWm5NUhFoCll8OKn3yOJqSgdE",
+	"4rqqG9ZaalWIVOXal1OM7jPJhXnL3TZb93C0fL6u0sau2SN7mUqVFD9/sHe+BijylF64ur5+G4TBx/Mg",
+	"DN7Qn4+dH+jS/v142qVr+/ejdegb+/e1fXrl/r22j1+7B+d3r87enfqrF++6JSFWGvyMY1RW4KOKxCVo",
+	"VA+oGprHlHDTLEGbZM2UGfs7N6ht+TAotFQwVjKFlUn8bQ1CugIDERMD4biMsAnj7PzOPriL8becCdPz",
+	"2V5Df4Z8MjVQ8yqCVOB1DKGv5EyHVAP0sB6CjliCA1F7fdqlZWSnEPoR8qRGC1ujdj0E+5PeaI069WF9",
+	"eAHoi2BNhRDVgeuBGCeSmdNuzTHvq2E/GtbhGRT3Lae+ao3aw37UGnWIuzdEDFwU64CJGCIpHlDRAyPJ",
+	"SAPhzHGiISYXXZQsd6JBT1mGVHvpruN/optwLZJF6RYonJALiAHdtQJRqdQD4ZhSWdTAbCUXiLEGphBo",
+	"nzQhnY+zs8LWUJtkpiG1BpxTIOgQmAajmNCUV1Dpk4HwStylEu8yFt1jfFc41W49EiKtl9xm3amh9vE8",
+	"hP6rEJynJkrmmQ7haghSDUR/827hRPti4erzd+1wBU70iTfRjJupzA1ckQ8fWJKT65WchTB51r2C58DJ",
+	"lzDOzmqCj0YJAg8hkTPwv8ZcaUNO7f7T+RMa0On+WC/7zz/ovnhhw+IX9kv9wjIGJry5VlDDyqhQ54kh",
+	"xqS10+xZ98oZYAg1a9dMaozJzANRtjMoNLkSGriph4CJRliz0LPu1bAJiVTsLkU1wZK5f4W+zE0IXAxD",
+	"uIS+cpcDceUfqOGQMJ5VzMWdLkU+D+GztdavfT7sfx7Cc6ixJJuylmLinoyk8xTkAyq4BzkeiCtadz+E",
+	"Z3DZv6c3wrLZrIXu6Y5UMaoLICoQ45jlidG0D1RzILYQo8zKGXIrKQRhsBa4VCiWtqhMeBlTbH+BKtLi",
+	"jVu9RFLr9eBJTBXS4zduaWdfmcuCFYfKWrEuz3HwynptG0ivDHWiwa65KPwBHcLISwgRy3yU4ApDiDwd",
+	"OQgxKhqMddJbfqIkZreNy/X9UTuEUWe4YtjvdM9D6HTPh2vofAvFpFzwlIKhU4VoUjb3Fu+Wzd+twCtM",
+	"3O8xCS1ZCUgbmcUsM5T8QK3Z5xDhHiu8+ppjEr9SSqptDBKjYTypRB22gKLaFv8S/nZ7/Qv458CFqy5A",
+	"oYbawEjGixB0Hk0pnbd8tm61Wy6Ltroti+qbwb4GoZAgLMSsitm/Iktoa2xqpg0zeRWe2mDi11WRdki5",
+	"vBV3+6JdFSib4fB2hem/NfY2Sa7g8pafPkwRMqYMZV9qWN2m4MKCKVvV5Lyiea7ea9YWa706Jdk1/ODc",
+	"26xsAo7vZlIZ47YYMVcYGZhNUQA+oFrAA1MLLialYjhjyT3hj822naTnRoOcCVcntMEMOhbJCGknDiAz",
+	"sOMUqlETZqaoQNLfGddImhUlwskRhIFbVFkDju3HVl300xHrPFTqlavaF2u+qqCmWHnvh0oVuyZPU6YW",
+	"e5u0hIlbv5SC0m3xgxuzD3b9Qa1ZIdCKyS6lbleir+tEGBTjVZ+7HlG3LkrsUwdop0zFEGOGItYgRQ+Q",
+	"RVOojeQ8dDFet3gkYRkBaa4NF5Epos0DG12ZuXc21Dtku7JC+U2n2AyKaaDNsQeyIJT8NAOiniVMwBhN",
+	"NEXtuihtpGITBDamLB9JAscRF5Nj2PqSUGV2T32J4Z0EKbvHw2y3iW3W2/M1n6/ZYFOyynByk67j8E9s",
+	"fKP9JOKz3Tg5fg1xCpzQns2TICSWlGjmBNYipk1lbrFdR8XUMkNF6UyOIc0Tm9lYHB+EsraxYqVlVhPo",
+	"g4EEEvQ4PDmU4EpFveNCGyYq02S4XfPLhZObBJ8Yr+zLuvZpQSZ8CjYsx05bRhrzHSIkHt8fNoQ7fPq2",
+	"oYPlvySwZFulxC1lwfdukxy5EVbjlyrsOJZJjApq97iATOGYz+uQC7plk6+RCkFJaUIK4v5l4x+s8aXd",
+	"+Kl51xiCxskyuW7ZsDAGsbRgOugFis1KRdv90myM27WkFA7fVMwKUx3VkJUs9XR9czzeiLGs2HlF/G6j",
+	"v5KqxcTHNeAgc2NhoM1Hdj6TcG0whlFuIGJCSAMjdOO3uNrcu2JZsHTH7pyyDL9tlm5phl7VgpKXYbe9",
+	"9o1dq7PBN7nfuubx93V3dQ4ZyfkR0/TieKEik+7wU7XlHdfdsn5bpnAdw+HKWOBbocrRNtmzTanhXA2s",
+	"D5ng2HeOAgBjniTbu/bvVNcp843kfIklS9NrAp76YjmB5MZ3QcU8Lc213bh2IcYHzleKUNgzafr9N/Cu",
+	"sCJmGOWKm8Ut0fXhgkxVDSTee0Ygi6ZQydygzWWtqZ0PfAmhRbhv8cWColaKRvFIu0bSFh570AAqF9o1",
+	"h40Gy820YeQ9Ct2gTEPGtFqSpF6WpeRTYzJ3fs59lt7Au0Rfg8KUZRnGxXmFbTYKwF3K1qVTnSZcQpRw",
+	"8u7N9e0HXbTuy87Anmcsz58LCtzAVCaxXg7qLWswbJQg1NzOq7uDFM0W1hIKvflK9AaiCK1Ipr41uFha",
+	"jEcFgpfFKQGhbFBMTNDK4A8ARAzaKGSphhGL7gHnLDLJYiDolbL4FqQ34RYR3r+6/Pndq2Yaw1iq0txB",
+	"Y8qEIe8VqlmeCVvI3LjpbsIj9P2ti+3gMmPRFBvdZrsEBgNnfvUQhAFtLOeqTrPtVskMBct40AtOm+3m",
+	"aRAGGfNDjCKs6HriwBglNqvDmzjo+bHUF9tulL7g6LbbT3y9cdxXG37yVfHRhp38KBmh1sA1sIQ/oP9q",
+	"o2iSg7f8AQVqbW8X+2GnOu/8873qGJybVpYwvqHIZpXZktlzKKZKN0qmaKaYayCS4LJYk9xy1j7bZZql",
+	"cKVPWspKl6gWGlv1XWrYqf179/g/4kvL2+r9on36rXoTEU7ehtoKZXN7ghZNKSPUnR0eOq2NU+lKexCw",
+	"ella9x0Ns3GIXmGg1Qqgva59jHSOsBXZtnvk+m+OQdLDhnjJ0kXUW8csXZEVANB/pbPuhBupjcV2rtKi",
+	"NlcyXvxuhl9rAB/X67lROT5+R6evzSh35beECe/q9lGuOzY0jks3YXDWOT1ufbf7nUP19I8KbfIbMD9B",
+	"LY6DCqyqbA6aFMgnZoYtI93V4XKsrzv8k2KzTz2LA+ww1tPgYsnFHveGqxV+1u9wUnEcHBbY6UQvwfVA",
+	"EBU5a6Tss1TFuoQbk2ADRcyZCLeOOiyOhdrV9fXbnjtbWRgMoQ1SQafeHIhPJTD3qUc2KYE7ApMWnJE5",
+	"6G2vTobK4v6a3kI/NrMR4Vf+0CPhsQNMUkHEDEvkBOygzRb84lNNGOGYUj0Jb786sIJekDx+/jpmPMkV",
+	"DoQb89LCKbIYlYYZAUJN0I+NpDIOeEZSCIyM/QpSS2/PeEFc9VQqE4IgDAkzJcXEgbHttHXr3P3fkLhk",
+	"ZNA0HHZdl2HZV4248CcUW510mdKDiJvl2dORxCqT4BZyDkvfiLDIwEunVcO1ddTBeO8S0/WHOwTaOVp8",
+	"/DPm3vZP/8vVh+XqWxvS5YN7jNfaSqjoKpcJuxTEOxHiB7/Gfw2DxoZd/2tAvUHwW442zn1/tjYbW9+w",
+	"4RNtxPA7opDSEHHH9lsJfaILE/05Mcl3j9t/Hw4X1VGOgZUs62xfTIMofh7D1SioP6QQcMMbF1y5Svw4",
+	"ptdqJTJiyVRq0ztvn7eDx+HjvwIAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

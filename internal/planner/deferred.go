@@ -15,7 +15,9 @@ import (
 type deferredSpec struct {
 	kernel        *tensor.BlockDequant // fp8_block_dequant
 	mx            *tensor.MXFP4        // mxfp4_dequant
+	lora          *tensor.LoRA         // lora_merge: weight is W, scale is A, b is B
 	weight, scale *checkpoint.Tensor
+	b             *checkpoint.Tensor
 }
 
 func validateDeferred(e *errs, tptr string, t *api.TensorRequest, dst tensor.DType, ck *checkpoint.Checkpoint) *deferredSpec {
@@ -32,13 +34,18 @@ func validateDeferred(e *errs, tptr string, t *api.TensorRequest, dst tensor.DTy
 	if t.Fill != nil {
 		e.add(ptr, "a tensor computed by a completion takes no fill: the completion covers it whole")
 	}
-	if len(d.Sources) != 2 {
-		e.add(ptr+"/sources", "%s needs two sources, the quantized tensor and its scales, got %d", d.Op, len(d.Sources))
+	if want := map[api.DeferredOp]int{api.LoraMerge: 3}[d.Op]; len(d.Sources) != max(want, 2) {
+		e.add(ptr+"/sources", "%s needs %d sources, got %d", d.Op, max(want, 2), len(d.Sources))
 		return nil
 	}
-	if d.Sources[0] == d.Sources[1] {
-		e.add(ptr+"/sources/1", "sources must be distinct")
-		return nil
+	for i, name := range d.Sources {
+		if j := slices.Index(d.Sources, name); j < i {
+			e.add(fmt.Sprintf("%s/sources/%d", ptr, i), "sources must be distinct: %q is also source %d", name, j)
+			return nil
+		}
+	}
+	if d.Op == api.LoraMerge {
+		return validateLoRA(e, tptr, t, dst, ck)
 	}
 	if d.Op == api.Mxfp4Dequant {
 		return validateMXFP4(e, tptr, t, dst, ck)
@@ -191,5 +198,76 @@ func (s *segmenter) mxfp4Segment(d *deferredSpec, off, lens []int64, seg *Segmen
 		needed += touched(part.layout.Lengths, part.layout.Src)
 	}
 	seg.MXFP4s = append(seg.MXFP4s, MXFP4{Kernel: d.mx, BlocksKey: d.weight.Key, ScalesKey: d.scale.Key, Region: g})
+	return needed, spans, nil
+}
+
+func validateLoRA(e *errs, tptr string, t *api.TensorRequest, dst tensor.DType, ck *checkpoint.Checkpoint) *deferredSpec {
+	ptr := tptr + "/deferred"
+	var src [3]*checkpoint.Tensor
+	for i, name := range t.Deferred.Sources {
+		st, ok := ck.Tensors[name]
+		switch {
+		case !ok:
+			e.add(fmt.Sprintf("%s/sources/%d", ptr, i), "checkpoint %q has no tensor %q", ck.Name, name)
+			return nil
+		case len(st.Shape) != 2 || !st.DType.IsFloat():
+			e.add(fmt.Sprintf("%s/sources/%d", ptr, i), "lora_merge takes 2-d float tensors, %q is %s %v", name, st.DTypeName, st.Shape)
+			return nil
+		}
+		src[i] = st
+	}
+	w, a, b := src[0], src[1], src[2]
+	r := a.Shape[0]
+	if a.Shape[1] != w.Shape[1] || !slices.Equal(b.Shape, []int64{w.Shape[0], r}) {
+		e.add(ptr+"/sources", "W %v, A %v and B %v do not make W + B @ A (A must be [r, %d], B [%d, r])", w.Shape, a.Shape, b.Shape, w.Shape[1], w.Shape[0])
+		return nil
+	}
+	if !slices.Equal(t.Shape, w.Shape) {
+		e.add(tptr+"/shape", "the tensor's shape must be W's, %v", w.Shape)
+		return nil
+	}
+	alpha, rank := 1.0, r
+	if p := t.Deferred.Params; p != nil {
+		if p.Alpha != nil {
+			alpha = *p.Alpha
+		}
+		if p.Rank != nil {
+			if rank = *p.Rank; rank < 1 {
+				e.schema(ptr+"/params/rank", "rank is >= 1")
+				return nil
+			}
+		}
+	}
+	k, err := tensor.NewLoRA(w.DType, a.DType, b.DType, dst, r, alpha/float64(rank))
+	if err != nil {
+		e.add(tptr+"/dtype", "%v", err)
+		return nil
+	}
+	return &deferredSpec{lora: k, weight: w, scale: a, b: b}
+}
+
+// loraSegment plans one segment of a merged LoRA weight: W's box, B's rows and A's columns.
+func (s *segmenter) loraSegment(d *deferredSpec, off, lens []int64, seg *Segment) (needed int64, spans []Read, err error) {
+	w, a, b := d.weight, d.scale, d.b
+	in, r := w.Shape[1], a.Shape[0]
+	g := tensor.LoRARegion{WOff: w.Begin, AOff: a.Begin, BOff: b.Begin, In: in, R0: off[0], NR: lens[0], C0: off[1], NC: lens[1]}
+	for _, part := range []struct {
+		t      *checkpoint.Tensor
+		start  int64
+		layout tensor.Strided
+	}{
+		{w, w.Begin + (g.R0*in+g.C0)*int64(w.DType.Size()), tensor.Strided{Lengths: []int64{g.NR, g.NC}, Src: []int64{in * int64(w.DType.Size()), int64(w.DType.Size())}, Dst: []int64{0, 0}}},
+		{a, a.Begin + g.C0*int64(a.DType.Size()), tensor.Strided{Lengths: []int64{r, g.NC}, Src: []int64{in * int64(a.DType.Size()), int64(a.DType.Size())}, Dst: []int64{0, 0}}},
+		{b, b.Begin + g.R0*r*int64(b.DType.Size()), tensor.Strided{Lengths: []int64{g.NR * r}, Src: []int64{int64(b.DType.Size())}, Dst: []int64{0}}},
+	} {
+		elem := int64(part.t.DType.Size())
+		sp, err := s.spans(part.layout.Simplify(), part.start, elem)
+		if err != nil {
+			return 0, nil, err
+		}
+		spans = append(spans, s.reads(part.t, sp)...)
+		needed += touched(part.layout.Lengths, part.layout.Src) * elem
+	}
+	seg.LoRAs = append(seg.LoRAs, LoRA{Kernel: d.lora, WKey: w.Key, AKey: a.Key, BKey: b.Key, Region: g})
 	return needed, spans, nil
 }

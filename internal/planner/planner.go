@@ -99,6 +99,14 @@ type Segment struct {
 	Copies   []Copy
 	Dequants []Dequant
 	MXFP4s   []MXFP4
+	LoRAs    []LoRA
+}
+
+// LoRA computes one box of a merged LoRA weight; the box is all of the segment.
+type LoRA struct {
+	Kernel           *tensor.LoRA
+	WKey, AKey, BKey string
+	Region           tensor.LoRARegion
 }
 
 // MXFP4 computes one box of an MXFP4-dequantized tensor from the span buffers; the box is all of

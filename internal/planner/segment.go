@@ -168,8 +168,11 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 	}
 	if d := spec.deferred; d != nil {
 		plan := s.dequantSegment
-		if d.mx != nil {
+		switch {
+		case d.mx != nil:
 			plan = s.mxfp4Segment
+		case d.lora != nil:
+			plan = s.loraSegment
 		}
 		n, sp, err := plan(d, off, lens, &seg)
 		if err != nil {

@@ -196,3 +196,60 @@ func TestMXFP4DequantAgainstBruteForce(t *testing.T) {
 		}
 	})
 }
+
+// lora_merge: W + (alpha/rank) * B @ A, computed box by box in float32, checked element by element.
+func TestLoRAMergeAgainstBruteForce(t *testing.T) {
+	opts := planner.DefaultOptions()
+	opts.SegmentBytes = 12
+	eachStore(t, opts, func(t *testing.T, h *harness) {
+		r := rand.New(rand.NewPCG(5, 5))
+		const out, in, rank = 6, 5, 2
+		vals := func(n int, round bool) []float32 {
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = float32(r.NormFloat64())
+				if round {
+					v[i] = tensor.F32FromBF16(tensor.BF16FromF32(v[i]))
+				}
+			}
+			return v
+		}
+		w, a, b := vals(out*in, true), vals(rank*in, false), vals(out*rank, true)
+		writeCheckpoint(t, h, "lora",
+			safetensors.TensorData{Name: "W", DType: "BF16", Shape: []int64{out, in}, Data: bf16(w...)},
+			safetensors.TensorData{Name: "A", DType: "F32", Shape: []int64{rank, in}, Data: f32(a...)},
+			safetensors.TensorData{Name: "B", DType: "BF16", Shape: []int64{out, rank}, Data: bf16(b...)})
+		alpha := 4.0
+		boxes := []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{out, in}}, {Offsets: []int64{2, 1}, Lengths: []int64{3, 3}}}
+		for _, dt := range []api.DType{api.F32, api.BF16} {
+			req := shardReq("lora", api.TensorRequest{Name: "merged", Dtype: dt, Shape: []int64{out, in}, Boxes: boxes,
+				Deferred: &api.Deferred{Op: api.LoraMerge, Sources: []string{"W", "A", "B"}, Params: &api.DeferredParams{Alpha: &alpha}}})
+			res := h.do("POST", "/v1/shards", req)
+			var want []byte
+			for _, bx := range boxes {
+				for i := bx.Offsets[0]; i < bx.Offsets[0]+bx.Lengths[0]; i++ {
+					for j := bx.Offsets[1]; j < bx.Offsets[1]+bx.Lengths[1]; j++ {
+						var acc float32
+						for k := range int64(rank) {
+							acc = float32(acc + float32(b[i*rank+k]*a[k*in+j]))
+						}
+						v := float32(w[i*in+j] + float32(float32(alpha/rank)*acc))
+						if dt == api.BF16 {
+							want = binary.LittleEndian.AppendUint16(want, tensor.BF16FromF32(v))
+						} else {
+							want = binary.LittleEndian.AppendUint32(want, math.Float32bits(v))
+						}
+					}
+				}
+			}
+			if res.status != 200 || string(res.body) != string(want) {
+				t.Fatalf("%s: %d\n got %x\nwant %x", dt, res.status, res.body, want)
+			}
+		}
+		bad := shardReq("lora", api.TensorRequest{Name: "m", Dtype: api.F32, Shape: []int64{out, in}, Boxes: whole(out, in),
+			Deferred: &api.Deferred{Op: api.LoraMerge, Sources: []string{"W", "B", "A"}}})
+		if res := h.do("POST", "/v1/plan", bad); res.status != 422 || !strings.Contains(string(res.body), "/tensors/0/deferred/sources") {
+			t.Errorf("swapped adapters: %d %s", res.status, res.body)
+		}
+	})
+}
