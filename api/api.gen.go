@@ -28,6 +28,7 @@ const (
 	F64    DType = "F64"
 	F8E4M3 DType = "F8_E4M3"
 	F8E5M2 DType = "F8_E5M2"
+	F8E8M0 DType = "F8_E8M0"
 	I16    DType = "I16"
 	I32    DType = "I32"
 	I64    DType = "I64"
@@ -54,6 +55,8 @@ func (e DType) Valid() bool {
 	case F8E4M3:
 		return true
 	case F8E5M2:
+		return true
+	case F8E8M0:
 		return true
 	case I16:
 		return true
@@ -193,7 +196,7 @@ type CheckpointList struct {
 	Checkpoints []string `json:"checkpoints"`
 }
 
-// DType defines model for DType.
+// DType F8_E8M0 (MX scales, 2^(s-127)) is read as float32; only an F8_E8M0 source converts to it.
 type DType string
 
 // Deferred A server-side completion that computes the tensor from checkpoint tensors no block can
@@ -287,6 +290,7 @@ type PlanSummary struct {
 
 // PostOp defines model for PostOp.
 type PostOp struct {
+	// Dtype F8_E8M0 (MX scales, 2^(s-127)) is read as float32; only an F8_E8M0 source converts to it.
 	Dtype *DType   `json:"dtype,omitempty"`
 	Op    PostOpOp `json:"op"`
 
@@ -365,7 +369,9 @@ type TensorRequest struct {
 	// B [out, r]] of float dtypes; element (i, j) is W[i][j] + (alpha/rank) * sum over k of
 	// B[i][k] * A[k][j], in float32 with k in order; rank defaults to r.
 	Deferred *Deferred `json:"deferred,omitempty"`
-	Dtype    DType     `json:"dtype"`
+
+	// Dtype F8_E8M0 (MX scales, 2^(s-127)) is read as float32; only an F8_E8M0 source converts to it.
+	Dtype DType `json:"dtype"`
 
 	// Fill Value of box elements no block covers; without it every element must be covered.
 	Fill  *float64 `json:"fill,omitempty"`
@@ -724,61 +730,62 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fptb9s48v8qA/3/QOxWfky6m3XeXNJtcT20m6Bpb4GzfSktjW02Eqklqdhuke9+GJKyZVuO7d52bw+4",
-	"N4ksUfPMmd8M9TWIZJpJgcLooPc1UKgzKTTaHzdKjhJM6TKSwqAwdMmyLOERM1yKVuZWPP+spaBnOppi",
-	"yujq/xWOg17wf60V/ZZ7qlsF3cfHxzCIUUeKZ0Qu6AWXAt6/fgk/nb34ETzxZkDL/LtE+iqR0b2VJI45",
-	"vceSGyUzVIaT3GOWaNyk+yrBFIWBOcgxmCnCiIicaBjJOXANmdSmpmWuIuyPmEZ4DpHE8Rj+ArU5NECO",
-	"xxqNrg/rzSAMshK7rwGt36fyGxHjPHgMA0uVVq/Ldy0QlJxBhgqcGBDzFIXmUoQgBUIkkzwVdkGM2nBh",
-	"PbBaRXJxg6k+WBSzyDDoBUwptqDfCYqJme59/61f9hgG3ioHcyQr0+KD5LyR2lxnVYI6A9H7KRdOnKDX",
-	"Wa7TRnExsVGj8LecK4yDXn8p7ErRJaXQ+bDwznBJSo4+Y2SI55Wc7w259bD43ubcq94ONW4SZvfqHytt",
-	"GMjcZLm5Gy2M4ziWKmUm6AVcmB/OgqWwXBicoCq94jgd+E7GMXIMDosyWm5NUhFoCll8OKn3yOJqSgdE",
-	"4rqqG9ZaalWIVOXal1OM7jPJhXnL3TZb93C0fL6u0sau2SN7mUqVFD9/sHe+BijylF64ur5+G4TBx/Mg",
-	"DN7Qn4+dH+jS/v142qVr+/ejdegb+/e1fXrl/r22j1+7B+d3r87enfqrF++6JSFWGvyMY1RW4KOKxCVo",
-	"VA+oGprHlHDTLEGbZM2UGfs7N6ht+TAotFQwVjKFlUn8bQ1CugIDERMD4biMsAnj7PzOPriL8becCdPz",
-	"2V5Df4Z8MjVQ8yqCVOB1DKGv5EyHVAP0sB6CjliCA1F7fdqlZWSnEPoR8qRGC1ujdj0E+5PeaI069WF9",
-	"eAHoi2BNhRDVgeuBGCeSmdNuzTHvq2E/GtbhGRT3Lae+ao3aw37UGnWIuzdEDFwU64CJGCIpHlDRAyPJ",
-	"SAPhzHGiISYXXZQsd6JBT1mGVHvpruN/optwLZJF6RYonJALiAHdtQJRqdQD4ZhSWdTAbCUXiLEGphBo",
-	"nzQhnY+zs8LWUJtkpiG1BpxTIOgQmAajmNCUV1Dpk4HwStylEu8yFt1jfFc41W49EiKtl9xm3amh9vE8",
-	"hP6rEJynJkrmmQ7haghSDUR/827hRPti4erzd+1wBU70iTfRjJupzA1ckQ8fWJKT65WchTB51r2C58DJ",
-	"lzDOzmqCj0YJAg8hkTPwv8ZcaUNO7f7T+RMa0On+WC/7zz/ovnhhw+IX9kv9wjIGJry5VlDDyqhQ54kh",
-	"xqS10+xZ98oZYAg1a9dMaozJzANRtjMoNLkSGriph4CJRliz0LPu1bAJiVTsLkU1wZK5f4W+zE0IXAxD",
-	"uIS+cpcDceUfqOGQMJ5VzMWdLkU+D+GztdavfT7sfx7Cc6ixJJuylmLinoyk8xTkAyq4BzkeiCtadz+E",
-	"Z3DZv6c3wrLZrIXu6Y5UMaoLICoQ45jlidG0D1RzILYQo8zKGXIrKQRhsBa4VCiWtqhMeBlTbH+BKtLi",
-	"jVu9RFLr9eBJTBXS4zduaWdfmcuCFYfKWrEuz3HwynptG0ivDHWiwa65KPwBHcLISwgRy3yU4ApDiDwd",
-	"OQgxKhqMddJbfqIkZreNy/X9UTuEUWe4YtjvdM9D6HTPh2vofAvFpFzwlIKhU4VoUjb3Fu+Wzd+twCtM",
-	"3O8xCS1ZCUgbmcUsM5T8QK3Z5xDhHiu8+ppjEr9SSqptDBKjYTypRB22gKLaFv8S/nZ7/Qv458CFqy5A",
-	"oYbawEjGixB0Hk0pnbd8tm61Wy6Ltroti+qbwb4GoZAgLMSsitm/Iktoa2xqpg0zeRWe2mDi11WRdki5",
-	"vBV3+6JdFSib4fB2hem/NfY2Sa7g8pafPkwRMqYMZV9qWN2m4MKCKVvV5Lyiea7ea9YWa706Jdk1/ODc",
-	"26xsAo7vZlIZ47YYMVcYGZhNUQA+oFrAA1MLLialYjhjyT3hj822naTnRoOcCVcntMEMOhbJCGknDiAz",
-	"sOMUqlETZqaoQNLfGddImhUlwskRhIFbVFkDju3HVl300xHrPFTqlavaF2u+qqCmWHnvh0oVuyZPU6YW",
-	"e5u0hIlbv5SC0m3xgxuzD3b9Qa1ZIdCKyS6lbleir+tEGBTjVZ+7HlG3LkrsUwdop0zFEGOGItYgRQ+Q",
-	"RVOojeQ8dDFet3gkYRkBaa4NF5Epos0DG12ZuXc21Dtku7JC+U2n2AyKaaDNsQeyIJT8NAOiniVMwBhN",
-	"NEXtuihtpGITBDamLB9JAscRF5Nj2PqSUGV2T32J4Z0EKbvHw2y3iW3W2/M1n6/ZYFOyynByk67j8E9s",
-	"fKP9JOKz3Tg5fg1xCpzQns2TICSWlGjmBNYipk1lbrFdR8XUMkNF6UyOIc0Tm9lYHB+EsraxYqVlVhPo",
-	"g4EEEvQ4PDmU4EpFveNCGyYq02S4XfPLhZObBJ8Yr+zLuvZpQSZ8CjYsx05bRhrzHSIkHt8fNoQ7fPq2",
-	"oYPlvySwZFulxC1lwfdukxy5EVbjlyrsOJZJjApq97iATOGYz+uQC7plk6+RCkFJaUIK4v5l4x+s8aXd",
-	"+Kl51xiCxskyuW7ZsDAGsbRgOugFis1KRdv90myM27WkFA7fVMwKUx3VkJUs9XR9czzeiLGs2HlF/G6j",
-	"v5KqxcTHNeAgc2NhoM1Hdj6TcG0whlFuIGJCSAMjdOO3uNrcu2JZsHTH7pyyDL9tlm5phl7VgpKXYbe9",
-	"9o1dq7PBN7nfuubx93V3dQ4ZyfkR0/TieKEik+7wU7XlHdfdsn5bpnAdw+HKWOBbocrRNtmzTanhXA2s",
-	"D5ng2HeOAgBjniTbu/bvVNcp843kfIklS9NrAp76YjmB5MZ3QcU8Lc213bh2IcYHzleKUNgzafr9N/Cu",
-	"sCJmGOWKm8Ut0fXhgkxVDSTee0Ygi6ZQydygzWWtqZ0PfAmhRbhv8cWColaKRvFIu0bSFh570AAqF9o1",
-	"h40Gy820YeQ9Ct2gTEPGtFqSpF6WpeRTYzJ3fs59lt7Au0Rfg8KUZRnGxXmFbTYKwF3K1qVTnSZcQpRw",
-	"8u7N9e0HXbTuy87Anmcsz58LCtzAVCaxXg7qLWswbJQg1NzOq7uDFM0W1hIKvflK9AaiCK1Ipr41uFha",
-	"jEcFgpfFKQGhbFBMTNDK4A8ARAzaKGSphhGL7gHnLDLJYiDolbL4FqQ34RYR3r+6/Pndq2Yaw1iq0txB",
-	"Y8qEIe8VqlmeCVvI3LjpbsIj9P2ti+3gMmPRFBvdZrsEBgNnfvUQhAFtLOeqTrPtVskMBct40AtOm+3m",
-	"aRAGGfNDjCKs6HriwBglNqvDmzjo+bHUF9tulL7g6LbbT3y9cdxXG37yVfHRhp38KBmh1sA1sIQ/oP9q",
-	"o2iSg7f8AQVqbW8X+2GnOu/8873qGJybVpYwvqHIZpXZktlzKKZKN0qmaKaYayCS4LJYk9xy1j7bZZql",
-	"cKVPWspKl6gWGlv1XWrYqf179/g/4kvL2+r9on36rXoTEU7ehtoKZXN7ghZNKSPUnR0eOq2NU+lKexCw",
-	"ella9x0Ns3GIXmGg1Qqgva59jHSOsBXZtnvk+m+OQdLDhnjJ0kXUW8csXZEVANB/pbPuhBupjcV2rtKi",
-	"NlcyXvxuhl9rAB/X67lROT5+R6evzSh35beECe/q9lGuOzY0jks3YXDWOT1ufbf7nUP19I8KbfIbMD9B",
-	"LY6DCqyqbA6aFMgnZoYtI93V4XKsrzv8k2KzTz2LA+ww1tPgYsnFHveGqxV+1u9wUnEcHBbY6UQvwfVA",
-	"EBU5a6Tss1TFuoQbk2ADRcyZCLeOOiyOhdrV9fXbnjtbWRgMoQ1SQafeHIhPJTD3qUc2KYE7ApMWnJE5",
-	"6G2vTobK4v6a3kI/NrMR4Vf+0CPhsQNMUkHEDEvkBOygzRb84lNNGOGYUj0Jb786sIJekDx+/jpmPMkV",
-	"DoQb89LCKbIYlYYZAUJN0I+NpDIOeEZSCIyM/QpSS2/PeEFc9VQqE4IgDAkzJcXEgbHttHXr3P3fkLhk",
-	"ZNA0HHZdl2HZV4248CcUW510mdKDiJvl2dORxCqT4BZyDkvfiLDIwEunVcO1ddTBeO8S0/WHOwTaOVp8",
-	"/DPm3vZP/8vVh+XqWxvS5YN7jNfaSqjoKpcJuxTEOxHiB7/Gfw2DxoZd/2tAvUHwW442zn1/tjYbW9+w",
-	"4RNtxPA7opDSEHHH9lsJfaILE/05Mcl3j9t/Hw4X1VGOgZUs62xfTIMofh7D1SioP6QQcMMbF1y5Svw4",
-	"ptdqJTJiyVRq0ztvn7eDx+HjvwIAAP//",
+	"7Fr/b9s4sv9XBnoPiN3KX5PuZp1fXtJN8XpoNkHT3h7O9qW0NLbZSKSWpGK7Rf73w5CULdtyYve2e3vA",
+	"/ZLIEjXfOfOZob4GkUwzKVAYHfS+Bgp1JoVG++NGyVGCKV1GUhgUhi5ZliU8YoZL0crcipeftRT0TEdT",
+	"TBld/a/CcdAL/qe1ot9yT3WroPv4+BgGMepI8YzIBb3gXMD7N6/hp5NXP4In3gxomX+XSF8kMrq3ksQx",
+	"p/dYcqNkhspwknvMEo2bdC8TTFEYmIMcg5kijIjIkYaRnAPXkEltalrmKsL+iGmElxBJHI/h/6A2hwbI",
+	"8Vij0fVhvRmEQVZi9zWg9c+p/FbEOA8ew8BSpdXr8l0LBCVnkKECJwbEPEWhuRQhSIEQySRPhV0QozZc",
+	"WA+sVpFc3GCq9xbFLDIMegFTii3od4JiYqbPvv/OL3sMA2+VvTmSlWnxXnLeSG2usypBnYHo/ZQLJ07Q",
+	"6yzXaaO4mNioUfhbzhXGQa+/FHal6JJS6HxYeGe4JCVHnzEyxPNCzp8NufWw+N7mfFa9HWrcJMzu1T9W",
+	"2jCQuclyczdaGMdxLFXKTNALuDA/nARLYbkwOEFVesVx2vOdjGPkGOwXZbTcmqQi0BSyeH9S75HF1ZT2",
+	"iMR1VTestdSqEKnKta+nGN1nkgvzjrtttu7haPl8XaWNXfOM7GUqVVL8/MHe2cxvb07vLk+v2lC7+hvo",
+	"iCWoQ+j+o6Ybne6P9TplYFIMmIZxIpk57p6BFMkCmIDiVZ8WIykeUBkNRgI3lPVQ5CmJdnF9/S4Ig4+n",
+	"QRi8pT8fOz/Qpf378bhL1/bvRxs6b+3fN/bphfv3xj5+4x6c3l2eXB37q1dXXX91etUuKb6y2s84RmWN",
+	"dFBhOgeN6gFVQ/OYlEuzBG1iN1Nm7O/coLYly6DQUsFYyRRWbvC3NQjpihpETAyE4zLCJoyz0zv74C7G",
+	"33ImTM+bUkN/hnwyNVDzyoJU4LUNoa/kTIdUd/SwHjqvDUTtzXGXlpHFQuhHyJMaLWyN2vUQ7E96ozXq",
+	"1If14RmgL7w1FUJEjh4I7+GaY95Xw340rMOLwvM1y6mvWqP2sB+1Rh3i7g0RAxfFOmAiLqIBYwoHM8WB",
+	"cOY40hCTi85KljvSoKcsQ4o2uuv4H+kmXFOorW6Bwgm5gBjQXSsQlWc9EI4plWINzKIHgRhrYAptCDch",
+	"nY+zk8LWUJtkpiG1BpxTIOiQYtwoJjTlMlT6aCC8EnepxLuMRfcY3xVOtdudhEjrJbdZd2qofTwNoX8Z",
+	"gvPURMk80yFcDEGqgehv3i2caF8sXH161Q5XgEgfeRPNuJnK3MAF+fCBJTm5XslZCJMX3Qt4Cdxu2nF2",
+	"UhN8NEoQeAiJnIH/NeZKG3IqbXJrvgbQVi/7zz/ovnplw+IX9kv9zDKmXe/MtYI3VkaFOk8MMSatnWYv",
+	"uhfOAEOoWbtmUmNMZh6Isp1BocmV0MBNPQRMNMKahV50L4ZNSKRidymqCZbM/Sv0ZW5C4GIYwjn0lbsc",
+	"iAv/QA2HhCutYi7udCnyeQifrbV+7fNh//MQXkKNJdmUtRQT92QknacgH1DBPcjxQFzQuvshvIDz/j29",
+	"EZbNZi10T3ekilGdAVGBGMcsT1xaVM2B2EKpMqO/Ra7cSgpBGKwFLhWnpS0qE17GFHu+KBZp8catXqK3",
+	"9Rr0JI4L6fFbt7TzXGnNghWHyvq0Ls9hkM56bbu4rQx1pMGuOSv8AR2qUEvYEst8lOAKt4g8HTnYMiqa",
+	"mnXSW36iJGa3jcv1/VE7hFFnuGLY73RPQ+h0T4drHcEWckq54CkFQ6cKRaVs7i3eLZu/W4GRmLh/xiS0",
+	"ZCUgbWQWs8xQ8gO1Zp99hHus8Oobjkl8qZRU27gnRsN4Uol0bAFFtS3+Ofzl9voX8M+BC1ddgEINtYGR",
+	"jBch6DyaUjpv+WzdardcFm11W7aTaAbPNSWFBGEhZlXM/j+yhLbGpmbaMJNXYbgNJn5dFWmHzstbcbcv",
+	"2lWBshkO71Z9xLfG3ibJFUTf8tOHKULGlKHsS02y2xRcWDBlq5qcVzTs1XvN2mJtPkBJdg0/OPc2KxuP",
+	"wzuoVMYVUDnmCiMDsykKwAdUC3hgasHFpFQMZyy5J/yxOSog6bnRIGfC1QltMIOORTJC2ikHyAzsCIdq",
+	"1ISZKSqQ9HfGNZbhtJMjCAO3qLIGHNoDrjr3pyPWeajUn1e1TNZ8VUFNsfLeD7Iqdk2epkwtnm0MEyZu",
+	"/VIKSrfF924GP9j1e7WDhUArJruUul2Jvq4TYVCMV731ekTduiixTx2gnTIVQ4wZiliDFD1AFk2hNpLz",
+	"0MV43eKRhGUEpLk2XESmiDYPbHRl5t7ZxO+Q7cIK5TedYjMoJpA2x+7JglDy0wyIepYwAWM00RS166K0",
+	"kYpNENiYsnwkCRxHXEwOYetLQpXZPfUlhncSpOwe97PdJrZZHwms+XzNBpuSVYaTm64dhn9i45v7JxGf",
+	"nQCQ49cQp8AJ7dk8CUJiSYlmTmAtYtpU5hbbdVRMSjNUlM7kGNI8sZmNxfFeKGsbK1ZaZjX13htIIEGP",
+	"/ZNDCa5U1DsutGGiMk2G2zW/XDi5SfCJkc5zWdc+LciET8GG5ahry0hjvkOExOP7/QZ/+0/8NnSw/JcE",
+	"lmyrlLilLPjebZIDN8Jq/FKFHccyiVFB7R4XkCkc83kdckG3bPI1UiEoKU1IQdw/b/ydNb60Gz817xpD",
+	"0DhZJtctGxbGIJYWTAe9QLFZqWi7X5qNcbuWlMLhm4pZYaqDGrKSpZ6ub47HWzGWFTvPVA4VCf2VVC0m",
+	"Pq4BB5kbCwNtPrLzmYRrgzGMcgMRE0IaGKEbv8XV5t4Vy4KlO3bnlGX4bfN7SzP0qhaUvAy77fXcqLc6",
+	"G3yT+61rHn9fd1fnkJGcHzDBL440KjLpDj9VW95x3S3rt2UK1zHsr4wFvhWqHGyTZ7YpNZyrgfU+Exz7",
+	"zkEAYMyTZHvX/pXqOmW+kZwvsWRpek3AU58tJ5Dc+C6omKelubYb1y7EeM/5ShEKz0yafv8NvCusiBlG",
+	"ueJmcUt0fbggU1UDifeeEciiKVQyN2hzWWtq5wNfQmgR7lt8saColaJRPNKukbSFxx40gMqFds1ho8Fy",
+	"M20YeY9CNyjTkDGtliSpl2Up+dSYzJ3Zc5+lN/Au0degMGVZhnFxXmGbjQJwl7J16SSpCecQJZy8e3N9",
+	"+0EXrfuyM7DnGcsz74ICNzCVSayXg3rLGgwbJQg1t/Pq7iBFs4W1hEJvvhK9gShCK5Kpbw3OlhbjUYHg",
+	"ZXFKQCgbFBMTtDL4AwARgzYKWaphxKJ7wDmLTLIYCHqlLL4F6U24RYT3l+c/X1020xjGUpXmDhpTJgx5",
+	"r1DN8kzYQubGTXcTHqHvb11sB+cZi6bY6DbbJTAYOPOrhyAMaGM5V3WabbdKZihYxoNecNxsN4+DMMiY",
+	"H2IUYUXXEwfGKLFZHd7GQc+Ppb7YdqP01Ui33X7ii5HDvhTxk6+KD0Xs5EfJCLUGroEl/AH9lyJFkxy8",
+	"4w8oUGt7u9gPO9W58s+fVcfg3LSyhPENRTarzJbMnkMxVbpRMkUzxVwDkQSXxZrklpP2yS7TLIUrfUZT",
+	"VrpEtdDYqu9Sw07t37vH/xZfWt5W71ft42/Vm4hw8jbUVijbnStHU8oIdWeHh05r4yS80h4ErF6X1n1H",
+	"w2wc3FcYaLUCaK9rHyOdA2xFtu0euP6bY5D0sCFesnQR9dYxS1dkBQD0XwatO+FGamOxnau0qM2FjBe/",
+	"m+HXGsDH9XpuVI6P39HpazPKXfktYcK7un2Q6w4NjcPSTRicdI4PW9/tfudQPf6jQpv8BsxPUIvjoAKr",
+	"KpuDJgXyiZlhy0h3dbgc6+sO/6TY7FPP4gA7jPU0uFhysce94WqFn/U7nFQcB4cFdjrSS3A9EERFzhop",
+	"+yxVsS7hxiTYQBFzJsKtow6LY6F2cX39rufOVhYGQ2iDVNCpNwfiUwnMfeqRTUrgjsCkBWdkDnrbq5Oh",
+	"sri/prfQj81sRPjSH3okPHaASSqImGGJnIAdtNmCX3weCiMcU6on4e1XB1bQM5LHz1/HjCe5woFwY15a",
+	"OEUWo9IwI0CoCfqxkbQfFU3tF0YCI2O/vNTS2zNeEFc9lcqEIAhDwkxJMXFgbDtt3Tp3/yckLhkZNA2H",
+	"XddlWPZVIy78CcVWJ12m9CDiZnn2dCCxyiS4hZzD0jciLDLw2mnVcG0ddTDeu8R0/eEOgXaOFh//jLm3",
+	"/dN/c/V+ufrWhnT54B7jtbYSKrrKZcIuBfFOhPjBr/Ffw6CxYdf/GlBvEPyWo41z35+tzcbWN2z4RBsx",
+	"/I4opDRE3LH9VkIf6cJEf05M8t3j9l+Hw0V1lGNgJcs62xfTIIqfx3A1CuoPKQTc8MYFV64SP47ptVqJ",
+	"jFgyldr0Ttun7eBx+PjPAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -253,3 +253,37 @@ func TestLoRAMergeAgainstBruteForce(t *testing.T) {
 		}
 	})
 }
+
+// Blocks read MX scales (F8_E8M0) directly, as float32, and can scale them by a constant.
+func TestE8M0SourcesInBlocks(t *testing.T) {
+	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
+		scales := []byte{127, 128, 0, 254, 255, 120}
+		writeCheckpoint(t, h, "mx", safetensors.TensorData{Name: "s", DType: "F8_E8M0", Shape: []int64{6}, Data: scales})
+		three := 3.0
+		block := func(post *[]api.PostOp) *[]api.Block {
+			return &[]api.Block{{Offsets: []int64{0}, Lengths: []int64{6}, Source: "s", Base: []int64{0}, Coeff: [][]int64{{1}}, Post: post}}
+		}
+		res := h.do("POST", "/v1/shards", shardReq("mx", api.TensorRequest{Name: "x", Dtype: api.F32, Shape: []int64{6}, Boxes: whole(6),
+			Blocks: block(&[]api.PostOp{{Op: "mul", Value: &three}})}))
+		got := readF32(res.body)
+		for i, s := range scales {
+			want := float32(3 * math.Ldexp(1, int(s)-127))
+			if s == 255 {
+				if !math.IsNaN(float64(got[i])) {
+					t.Errorf("0xFF is NaN, got %v", got[i])
+				}
+				continue
+			}
+			if got[i] != want {
+				t.Errorf("scale %d: %v, want %v", s, got[i], want)
+			}
+		}
+		if res := h.do("POST", "/v1/shards", shardReq("mx", api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)})); res.status != 200 || string(res.body) != string(scales) {
+			t.Errorf("an F8_E8M0 copy: %d %x", res.status, res.body)
+		}
+		writeCheckpoint(t, h, "f", safetensors.TensorData{Name: "s", DType: "F32", Shape: []int64{6}, Data: make([]byte, 24)})
+		if res := h.do("POST", "/v1/plan", shardReq("f", api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)})); res.status != 422 {
+			t.Errorf("F32 to F8_E8M0 must be refused: %d %s", res.status, res.body)
+		}
+	})
+}

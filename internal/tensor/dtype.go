@@ -25,19 +25,23 @@ const (
 	F64
 	F8E4M3
 	F8E5M2
+	// F8E8M0 is the OCP MX scale format (2^(s-127), 0xFF is NaN): a source dtype, read as float32;
+	// nothing converts to it but itself.
+	F8E8M0
 )
 
 var dtypeNames = [...]string{
 	BOOL: "BOOL", U8: "U8", I8: "I8", U16: "U16", I16: "I16", U32: "U32", I32: "I32", U64: "U64",
-	I64: "I64", F16: "F16", BF16: "BF16", F32: "F32", F64: "F64", F8E4M3: "F8_E4M3", F8E5M2: "F8_E5M2",
+	I64: "I64", F16: "F16", BF16: "BF16", F32: "F32", F64: "F64", F8E4M3: "F8_E4M3", F8E5M2: "F8_E5M2", F8E8M0: "F8_E8M0",
 }
 
 var dtypeSizes = [...]int{
 	BOOL: 1, U8: 1, I8: 1, U16: 2, I16: 2, U32: 4, I32: 4, U64: 8, I64: 8,
-	F16: 2, BF16: 2, F32: 4, F64: 8, F8E4M3: 1, F8E5M2: 1,
+	F16: 2, BF16: 2, F32: 4, F64: 8, F8E4M3: 1, F8E5M2: 1, F8E8M0: 1,
 }
 
-// AllDTypes lists every supported dtype, in declaration order.
+// AllDTypes lists the dtypes of DESIGN §3, in declaration order (F8E8M0, a source-only extension,
+// is not among them).
 var AllDTypes = []DType{BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, BF16, F32, F64, F8E4M3, F8E5M2}
 
 // ParseDType reads a safetensors dtype name.
@@ -50,7 +54,7 @@ func ParseDType(name string) (DType, bool) {
 	return 0, false
 }
 
-func (d DType) valid() bool { return d >= BOOL && d <= F8E5M2 }
+func (d DType) valid() bool { return d >= BOOL && d <= F8E8M0 }
 
 // String is the safetensors name.
 func (d DType) String() string {
@@ -71,14 +75,17 @@ func (d DType) Size() int {
 // IsFloat reports a floating-point dtype (FP8 included).
 func (d DType) IsFloat() bool {
 	switch d {
-	case F16, BF16, F32, F64, F8E4M3, F8E5M2:
+	case F16, BF16, F32, F64, F8E4M3, F8E5M2, F8E8M0:
 		return true
 	}
 	return false
 }
 
-// IsFP8 reports one of the 8-bit float formats, which are decoded to F32 before any arithmetic.
+// IsFP8 reports one of the 8-bit float formats of the contract.
 func (d DType) IsFP8() bool { return d == F8E4M3 || d == F8E5M2 }
+
+// decodesToF32 reports the byte formats no arithmetic runs in: they are decoded to F32 first.
+func (d DType) decodesToF32() bool { return d.IsFP8() || d == F8E8M0 }
 
 // isSigned reports a signed integer dtype.
 func (d DType) isSigned() bool { return d == I8 || d == I16 || d == I32 || d == I64 }
@@ -97,6 +104,8 @@ func CanConvert(from, to DType) bool {
 	switch {
 	case from == to:
 		return true
+	case to == F8E8M0:
+		return false
 	case to.IsFloat():
 		return true
 	case to == BOOL || from.IsFloat():

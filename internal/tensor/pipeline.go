@@ -99,7 +99,7 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 	// BOOL is never a plain copy: a checkpoint byte other than 0 or 1 still goes out as 1.
 	p := &Pipeline{src: src, dst: dst, identity: src == dst && len(ops) == 0 && src != BOOL}
 	work := src
-	if work.IsFP8() {
+	if work.decodesToF32() {
 		work = F32 // no arithmetic in FP8
 	}
 	for i, op := range ops {
@@ -122,14 +122,14 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 			}
 			p.steps = append(p.steps, step{op: OpCast, to: op.DType, round: op.DType})
 			work = op.DType
-			if work.IsFP8() {
+			if work.decodesToF32() {
 				work = F32
 			}
 		default:
 			return nil, &PipelineError{i, fmt.Sprintf("unknown op %d", op.Kind)}
 		}
 	}
-	if !CanConvert(work, dst) {
+	if !p.identity && !CanConvert(work, dst) {
 		return nil, &PipelineError{-1, fmt.Sprintf("cannot convert %s to %s: only float to float, integer or BOOL to float, and lossless integer widening are allowed", work, dst)}
 	}
 	p.steps = append(p.steps, step{op: OpCast, to: dst, round: dst, final: true})
@@ -239,6 +239,10 @@ func decode(b *batch, d DType, src []byte, stride, n int) kind {
 	case F8E5M2:
 		for i := range n {
 			b.f32[i] = e5m2Table[src[i*stride]]
+		}
+	case F8E8M0:
+		for i := range n {
+			b.f32[i] = E8M0Scale(src[i*stride])
 		}
 	case F64:
 		for i := range n {
@@ -465,6 +469,9 @@ func encode(b *batch, d DType, dst []byte, stride, n int) {
 // EncodeFill converts a fill value to one element of d: floats round as a float64 value would be
 // copied (through float32 for the narrow types), integers and BOOL need an exact, in-range value.
 func EncodeFill(d DType, v float64) ([]byte, error) {
+	if d == F8E8M0 {
+		return nil, fmt.Errorf("a fill of %s is not supported", d)
+	}
 	out := make([]byte, d.Size())
 	var b batch
 	switch kindOf(d) {
