@@ -5,9 +5,7 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -156,16 +154,21 @@ func (s *server) peakRSS() int64 {
 
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}}
 
-// fetch posts a request (or GETs when req is nil) and drains the body; it returns the bytes read.
+// fetch posts a shard request through the Go client (which retries a 503 after its Retry-After,
+// as pods do) or, when req is nil, GETs url; it returns the bytes read.
 func fetch(url string, req any) int64 {
-	var res *http.Response
-	var err error
-	if req == nil {
-		res, err = client.Get(url)
-	} else {
-		body, _ := json.Marshal(req)
-		res, err = client.Post(url, "application/json", bytes.NewReader(body))
+	if req != nil {
+		base, _ := strings.CutSuffix(url, "/v1/shards")
+		c := api.NewClient(base)
+		c.HTTP = client
+		r := req.(api.ShardRequest)
+		n, err := c.Fetch(context.Background(), &r, io.Discard, func() error { return nil }, nil)
+		if err != nil {
+			log.Fatalf("%s: %v", url, err)
+		}
+		return n
 	}
+	res, err := client.Get(url)
 	if err != nil {
 		log.Fatal(err)
 	}
