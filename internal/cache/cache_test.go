@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -15,21 +13,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 )
 
-func local(t *testing.T) (store.Store, func(string, []byte)) {
-	dir := t.TempDir()
-	s, err := store.NewLocal(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, func(key string, data []byte) {
-		p := filepath.Join(dir, key)
-		os.MkdirAll(filepath.Dir(p), 0o755)
-		os.WriteFile(p+".tmp", data, 0o644)
-		os.Rename(p+".tmp", p)
-		later := time.Now().Add(time.Duration(len(data)) * time.Millisecond)
-		os.Chtimes(p, later, later)
-	}
-}
+func local(t *testing.T) (store.Store, func(string, []byte)) { return storetest.Local(t) }
 
 func TestCacheConformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{New: func(t *testing.T) (store.Store, func(string, []byte)) {
