@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/api/layout"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
@@ -120,55 +121,52 @@ func writeJSON(path string, v any) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-func rows(dstRow, rows, cols int64, source string, srcRow int64) api.Block {
-	return api.Block{Offsets: []int64{dstRow, 0}, Lengths: []int64{rows, cols}, Source: source,
-		Base: []int64{srcRow, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}}
-}
-
-// FusedQKV is layer l's q, k and v fused rank-major as vLLM holds them at tensor parallelism tp:
-// rank r's rows are [q_r; k_r; v_r]. The request asks for rank's rows only.
-func FusedQKV(l, tp, rank int64) api.TensorRequest {
-	p := fmt.Sprintf("model.layers.%d.self_attn.", l)
-	q, kv := Heads*HeadDim/tp, KVHeads*HeadDim/tp
-	per := q + 2*kv
-	var blocks []api.Block
-	for r := range tp {
-		blocks = append(blocks,
-			rows(r*per, q, Hidden, p+"q_proj.weight", r*q),
-			rows(r*per+q, kv, Hidden, p+"k_proj.weight", r*kv),
-			rows(r*per+q+kv, kv, Hidden, p+"v_proj.weight", r*kv))
+// shapes are the example checkpoint's tensor shapes, as GET /v1/tensors would list them.
+func shapes() layout.Shapes {
+	s := layout.Shapes{}
+	for l := range 2 {
+		p := fmt.Sprintf("model.layers.%d.self_attn.", l)
+		s[p+"q_proj.weight"] = []int64{Heads * HeadDim, Hidden}
+		s[p+"k_proj.weight"] = []int64{KVHeads * HeadDim, Hidden}
+		s[p+"v_proj.weight"] = []int64{KVHeads * HeadDim, Hidden}
 	}
-	return api.TensorRequest{Name: p + "qkv_proj.weight", Dtype: api.BF16, Shape: []int64{tp * per, Hidden},
-		Boxes: []api.Box{{Offsets: []int64{rank * per, 0}, Lengths: []int64{per, Hidden}}}, Blocks: &blocks}
-}
-
-// StackedExperts is layer 1's experts' gate and up projections stacked as vLLM's w13
-// [experts, 2*inter, hidden] (gate then up), with the box of one expert-parallel rank.
-func StackedExperts(ep, rank int64) api.TensorRequest {
-	var blocks []api.Block
-	for e := range int64(Experts) {
-		for i, proj := range []string{"gate_proj", "up_proj"} {
-			blocks = append(blocks, api.Block{
-				Offsets: []int64{e, int64(i) * ExpertInter, 0}, Lengths: []int64{1, ExpertInter, Hidden},
-				Source: fmt.Sprintf("model.layers.1.mlp.experts.%d.%s.weight", e, proj),
-				Base:   []int64{0, 0}, Coeff: [][]int64{{0, 1, 0}, {0, 0, 1}}})
-		}
+	for e := range Experts {
+		p := fmt.Sprintf("model.layers.1.mlp.experts.%d.", e)
+		s[p+"gate_proj.weight"] = []int64{ExpertInter, Hidden}
+		s[p+"up_proj.weight"] = []int64{ExpertInter, Hidden}
 	}
-	per := Experts / ep
-	return api.TensorRequest{Name: "model.layers.1.mlp.experts.w13_weight", Dtype: api.BF16,
-		Shape: []int64{Experts, 2 * ExpertInter, Hidden},
-		Boxes: []api.Box{{Offsets: []int64{rank * per, 0, 0}, Lengths: []int64{per, 2 * ExpertInter, Hidden}}}, Blocks: &blocks}
+	s["model.norm.weight"] = []int64{Hidden}
+	return s
 }
 
-// Requests are the example requests, by file name.
+// Requests are the example requests, by file name: rank 1 of a TP=2 fused QKV as vLLM holds it,
+// expert-parallel rank 0 of 2 of layer 1's stacked gate and up projections (vLLM's w13) in the
+// safetensors format, and the final norm widened to F32.
 func Requests() map[string]api.ShardRequest {
+	s := shapes()
+	const p = "model.layers.0.self_attn."
+	qkv, err := layout.FusedQKV(s, p+"q_proj.weight", p+"k_proj.weight", p+"v_proj.weight", p+"qkv_proj.weight", api.BF16, HeadDim, layout.Rank{Size: 2, Index: 1})
+	if err != nil {
+		panic(err) // the shapes are this package's constants
+	}
+	var parts [][]string
+	for e := range Experts {
+		ex := fmt.Sprintf("model.layers.1.mlp.experts.%d.", e)
+		parts = append(parts, []string{ex + "gate_proj.weight", ex + "up_proj.weight"})
+	}
+	w13, err := layout.StackedExperts(s, parts, "model.layers.1.mlp.experts.w13_weight", api.BF16, layout.Rank{Size: 2, Index: 0})
+	if err != nil {
+		panic(err)
+	}
+	norm, err := layout.Replicated(s, "model.norm.weight", "model.norm.weight", api.F32)
+	if err != nil {
+		panic(err)
+	}
 	st := api.Safetensors
-	norm := []api.Block{{Offsets: []int64{0}, Lengths: []int64{Hidden}, Source: "model.norm.weight", Base: []int64{0}, Coeff: [][]int64{{1}}}}
 	return map[string]api.ShardRequest{
-		"qkv-tp2-rank1":     {Checkpoint: Name, Tensors: []api.TensorRequest{FusedQKV(0, 2, 1)}},
-		"experts-ep2-rank0": {Checkpoint: Name, Format: &st, Tensors: []api.TensorRequest{StackedExperts(2, 0)}},
-		"norm-f32": {Checkpoint: Name, Tensors: []api.TensorRequest{{Name: "model.norm.weight", Dtype: api.F32, Shape: []int64{Hidden},
-			Boxes: []api.Box{{Offsets: []int64{0}, Lengths: []int64{Hidden}}}, Blocks: &norm}}},
+		"qkv-tp2-rank1":     {Checkpoint: Name, Tensors: []api.TensorRequest{qkv}},
+		"experts-ep2-rank0": {Checkpoint: Name, Format: &st, Tensors: []api.TensorRequest{w13}},
+		"norm-f32":          {Checkpoint: Name, Tensors: []api.TensorRequest{norm}},
 	}
 }
 
