@@ -26,3 +26,12 @@ func BenchmarkBuiltinCopy2MiB(b *testing.B) {
 		copy(out, in)
 	}
 }
+
+func BenchmarkPostOpsBF16(b *testing.B) {
+	p, _ := NewPipeline(BF16, []Op{{Kind: OpMul, Value: 0.5}, {Kind: OpAdd, Value: 1}}, BF16)
+	in, out := make([]byte, 2<<20), make([]byte, 2<<20)
+	b.SetBytes(int64(len(out)))
+	for b.Loop() {
+		p.Run(out, 2, in, 2, 1<<20)
+	}
+}

@@ -342,33 +342,40 @@ func (s step) apply(b *batch, k kind, n int) kind {
 }
 
 func applyF32(s step, xs []float32) {
-	var op func(float32) float32
-	switch s.op {
-	case OpNeg:
+	v := s.v32
+	// The common cases get loops of their own, so the op and the rounding inline.
+	switch {
+	case s.op == OpNeg:
 		for i, x := range xs {
 			xs[i] = -x
 		}
-		return
-	case OpMul:
-		op = func(x float32) float32 { return x * s.v32 }
-	case OpAdd:
-		op = func(x float32) float32 { return x + s.v32 }
-	case OpExp:
-		op = func(x float32) float32 { return float32(math.Exp(float64(x))) }
-	}
-	// The common working dtypes get loops of their own, so rounding inlines.
-	switch s.round {
-	case F32:
+	case s.op == OpMul && s.round == BF16:
 		for i, x := range xs {
-			xs[i] = op(x)
+			xs[i] = bf16Round(x * v)
 		}
-	case BF16:
+	case s.op == OpAdd && s.round == BF16:
 		for i, x := range xs {
-			xs[i] = bf16Round(op(x))
+			xs[i] = bf16Round(x + v)
+		}
+	case s.op == OpMul && s.round == F32:
+		for i, x := range xs {
+			xs[i] = x * v
+		}
+	case s.op == OpAdd && s.round == F32:
+		for i, x := range xs {
+			xs[i] = x + v
 		}
 	default:
 		for i, x := range xs {
-			xs[i] = roundTo(s.round, op(x))
+			switch s.op {
+			case OpMul:
+				x *= v
+			case OpAdd:
+				x += v
+			case OpExp:
+				x = float32(math.Exp(float64(x)))
+			}
+			xs[i] = roundTo(s.round, x)
 		}
 	}
 }
