@@ -275,7 +275,11 @@ func (e *Executor) produce(ctx context.Context, seg *planner.Segment) (*[]byte, 
 	}
 	src := func(key string) spanSource { return spanSource{spans: spans, key: key} }
 	for _, c := range seg.Copies {
-		if err := tensor.Copy(c.Pipeline, out[c.Dst:], src(c.Key), c.Src, c.Layout); err != nil {
+		copyFn := tensor.Copy
+		if c.Nibbles {
+			copyFn = tensor.CopyNibbles
+		}
+		if err := copyFn(c.Pipeline, out[c.Dst:], src(c.Key), c.Src, c.Layout); err != nil {
 			putBuf(buf)
 			return nil, fmt.Errorf("internal error: the plan did not read what a copy needs: %w", err)
 		}

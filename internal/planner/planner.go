@@ -139,9 +139,11 @@ type Read struct {
 type Copy struct {
 	Pipeline *tensor.Pipeline
 	Key      string
-	Src      int64 // file offset of the overlap's first element
+	Src      int64 // file offset of the overlap's first element (in nibbles when Nibbles)
 	Dst      int64 // offset in the segment buffer
 	Layout   tensor.Strided
+	// Nibbles: the source is packed F4; Src and the layout's source strides count half bytes.
+	Nibbles bool
 }
 
 // New validates req against ck and plans it.

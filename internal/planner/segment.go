@@ -147,9 +147,16 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 			dst += (o[a] - off[a]) * dstStrides[a]
 		}
 		srcElem := int64(b.src.DType.Size())
+		if b.nibbles {
+			srcElem = 1 // addresses count nibbles
+		}
 		layout := tensor.Strided{Lengths: l, Src: b.srcStrides, Dst: dstStrides}.Simplify()
-		needed += touched(layout.Lengths, layout.Src) * srcElem
-		if run, ok := directRun(layout, srcElem, b.pipeline.Identity()); ok && run >= s.opts.MaxGap {
+		if b.nibbles {
+			needed += (touched(layout.Lengths, layout.Src) + 1) / 2
+		} else {
+			needed += touched(layout.Lengths, layout.Src) * srcElem
+		}
+		if run, ok := directRun(layout, srcElem, b.pipeline.Identity()); ok && !b.nibbles && run >= s.opts.MaxGap {
 			runs, err := s.runs(layout.Lengths[:max(0, len(layout.Lengths)-1)], layout.Src, layout.Dst, src, dst)
 			if err != nil {
 				return seg, 0, err
@@ -159,10 +166,16 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 			}
 			continue
 		}
-		seg.Copies = append(seg.Copies, Copy{Pipeline: b.pipeline, Key: b.src.Key, Src: src, Dst: dst, Layout: layout})
+		seg.Copies = append(seg.Copies, Copy{Pipeline: b.pipeline, Key: b.src.Key, Src: src, Dst: dst, Layout: layout, Nibbles: b.nibbles})
 		sp, err := s.spans(layout, src, srcElem)
 		if err != nil {
 			return seg, 0, err
+		}
+		if b.nibbles { // nibble ranges to the bytes that hold them
+			for i, r := range sp {
+				lo, hi := r[0]>>1, (r[0]+r[1]+1)>>1
+				sp[i] = [3]int64{lo, hi - lo, (r[2] + 1) / 2}
+			}
 		}
 		spans = append(spans, s.reads(b.src, sp)...)
 	}

@@ -97,6 +97,8 @@ type blockSpec struct {
 	srcStrides []int64
 	// baseOffset is the file offset of the element at base.
 	baseOffset int64
+	// nibbles: the source is packed F4, and offsets and strides count half bytes.
+	nibbles bool
 }
 
 // validate checks a request against DESIGN §2 and the checkpoint, and returns what planning needs.
@@ -134,8 +136,8 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 		e.schema(ptr+"/name", "a tensor needs a name")
 	}
 	dtype, ok := tensor.ParseDType(string(t.Dtype))
-	if !ok {
-		e.schema(ptr+"/dtype", "unknown dtype %q", t.Dtype)
+	if !ok || dtype == tensor.F4 {
+		e.schema(ptr+"/dtype", "unknown dtype %q (F4 is read from checkpoints, never written)", t.Dtype)
 	}
 	spec.dtype = dtype
 	for d, n := range t.Shape {
@@ -290,8 +292,13 @@ func validateBlock(e *errs, ptr string, index int, b *api.Block, shape []int64, 
 			return spec, false
 		}
 	}
+	spec.nibbles = src.DType == tensor.F4
 	if src.DType != 0 {
-		p, err := tensor.NewPipeline(src.DType, ops, dst)
+		from := src.DType
+		if spec.nibbles {
+			from = tensor.F32 // F4 is decoded to float32 first, as FP8 is
+		}
+		p, err := tensor.NewPipeline(from, ops, dst)
 		if err != nil {
 			pe := err.(*tensor.PipelineError)
 			if pe.Op >= 0 {
@@ -303,14 +310,17 @@ func validateBlock(e *errs, ptr string, index int, b *api.Block, shape []int64, 
 		}
 		spec.pipeline = p
 	}
-	// Byte strides in the source file, per destination dimension.
+	// Byte strides in the source file, per destination dimension (nibbles for F4).
 	rowStride := make([]int64, srank)
 	stride := int64(src.DType.Size())
+	spec.baseOffset = src.Begin
+	if spec.nibbles {
+		stride, spec.baseOffset = 1, 2*src.Begin
+	}
 	for s := srank - 1; s >= 0; s-- {
 		rowStride[s] = stride
 		stride *= src.Shape[s]
 	}
-	spec.baseOffset = src.Begin
 	for s := range srank {
 		spec.baseOffset += b.Base[s] * rowStride[s] // base is inside the tensor, so this fits
 	}

@@ -287,3 +287,52 @@ func TestE8M0SourcesInBlocks(t *testing.T) {
 		}
 	})
 }
+
+// Blocks read packed F4 tensors (two E2M1 values a byte, the lower nibble first) directly: a
+// transpose, a stride and a box starting at an odd element, with a post op.
+func TestF4SourcesInBlocks(t *testing.T) {
+	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
+		packed := []byte{0x21, 0x43, 0x65, 0x87, 0xA9, 0xFC} // elements 1,2,3,4,5,6,7,8,9,A,C,F
+		writeCheckpoint(t, h, "f4", safetensors.TensorData{Name: "q", DType: "F4", Shape: []int64{3, 4}, Data: packed})
+		fp4 := []float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, float32(math.Copysign(0, -1)), -0.5, -1, -1.5, -2, -3, -4, -6}
+		elem := func(i, j int64) float32 {
+			e := i*4 + j
+			return fp4[(packed[e/2]>>(4*(e%2)))&0xF]
+		}
+		two := 2.0
+		// t[a][b] = 2 * q[b][a]: a transpose with a post op.
+		res := h.do("POST", "/v1/shards", shardReq("f4", api.TensorRequest{Name: "t", Dtype: api.F32, Shape: []int64{4, 3}, Boxes: whole(4, 3),
+			Blocks: &[]api.Block{{Offsets: []int64{0, 0}, Lengths: []int64{4, 3}, Source: "q", Base: []int64{0, 0}, Coeff: [][]int64{{0, 1}, {1, 0}},
+				Post: &[]api.PostOp{{Op: "mul", Value: &two}}}}}))
+		var want []float32
+		for a := range int64(4) {
+			for b := range int64(3) {
+				want = append(want, 2*elem(b, a))
+			}
+		}
+		if got := readF32(res.body); res.status != 200 || !slices.Equal(got, want) {
+			t.Errorf("transpose: %d %v, want %v", res.status, got, want)
+		}
+		// Every other element of row 1 from element 1 (odd nibbles), into BF16.
+		res = h.do("POST", "/v1/shards", shardReq("f4", api.TensorRequest{Name: "s", Dtype: api.BF16, Shape: []int64{2}, Boxes: whole(2),
+			Blocks: &[]api.Block{{Offsets: []int64{0}, Lengths: []int64{2}, Source: "q", Base: []int64{1, 1}, Coeff: [][]int64{{0}, {2}}}}}))
+		if want := bf16(elem(1, 1), elem(1, 3)); res.status != 200 || string(res.body) != string(want) {
+			t.Errorf("strided: %d %x, want %x", res.status, res.body, want)
+		}
+		// A box that starts mid-byte: rows 1-2, columns 1-3.
+		res = h.do("POST", "/v1/shards", shardReq("f4", api.TensorRequest{Name: "c", Dtype: api.F32, Shape: []int64{3, 4},
+			Boxes: []api.Box{{Offsets: []int64{1, 1}, Lengths: []int64{2, 3}}}, Blocks: copyOf("q", 3, 4)}))
+		want = nil
+		for i := int64(1); i < 3; i++ {
+			for j := int64(1); j < 4; j++ {
+				want = append(want, elem(i, j))
+			}
+		}
+		if got := readF32(res.body); res.status != 200 || !slices.Equal(got, want) {
+			t.Errorf("box: %d %v, want %v", res.status, got, want)
+		}
+		if res := h.do("POST", "/v1/plan", shardReq("f4", api.TensorRequest{Name: "c", Dtype: "F4", Shape: []int64{3, 4}, Boxes: whole(3, 4), Blocks: copyOf("q", 3, 4)})); res.status != 400 {
+			t.Errorf("F4 is never written: %d", res.status)
+		}
+	})
+}

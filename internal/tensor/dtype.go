@@ -28,16 +28,19 @@ const (
 	// F8E8M0 is the OCP MX scale format (2^(s-127), 0xFF is NaN): a source dtype, read as float32;
 	// nothing converts to it but itself.
 	F8E8M0
+	// F4 is OCP E2M1, two values a byte, the lower nibble first: a source dtype read as float32.
+	// Its elements are half a byte, so Size reports 0 and the planner addresses it in nibbles.
+	F4
 )
 
 var dtypeNames = [...]string{
 	BOOL: "BOOL", U8: "U8", I8: "I8", U16: "U16", I16: "I16", U32: "U32", I32: "I32", U64: "U64",
-	I64: "I64", F16: "F16", BF16: "BF16", F32: "F32", F64: "F64", F8E4M3: "F8_E4M3", F8E5M2: "F8_E5M2", F8E8M0: "F8_E8M0",
+	I64: "I64", F16: "F16", BF16: "BF16", F32: "F32", F64: "F64", F8E4M3: "F8_E4M3", F8E5M2: "F8_E5M2", F8E8M0: "F8_E8M0", F4: "F4",
 }
 
 var dtypeSizes = [...]int{
 	BOOL: 1, U8: 1, I8: 1, U16: 2, I16: 2, U32: 4, I32: 4, U64: 8, I64: 8,
-	F16: 2, BF16: 2, F32: 4, F64: 8, F8E4M3: 1, F8E5M2: 1, F8E8M0: 1,
+	F16: 2, BF16: 2, F32: 4, F64: 8, F8E4M3: 1, F8E5M2: 1, F8E8M0: 1, F4: 0,
 }
 
 // AllDTypes lists the dtypes of DESIGN §3, in declaration order (F8E8M0, a source-only extension,
@@ -54,7 +57,7 @@ func ParseDType(name string) (DType, bool) {
 	return 0, false
 }
 
-func (d DType) valid() bool { return d >= BOOL && d <= F8E8M0 }
+func (d DType) valid() bool { return d >= BOOL && d <= F4 }
 
 // String is the safetensors name.
 func (d DType) String() string {
@@ -75,7 +78,7 @@ func (d DType) Size() int {
 // IsFloat reports a floating-point dtype (FP8 included).
 func (d DType) IsFloat() bool {
 	switch d {
-	case F16, BF16, F32, F64, F8E4M3, F8E5M2, F8E8M0:
+	case F16, BF16, F32, F64, F8E4M3, F8E5M2, F8E8M0, F4:
 		return true
 	}
 	return false
@@ -85,7 +88,7 @@ func (d DType) IsFloat() bool {
 func (d DType) IsFP8() bool { return d == F8E4M3 || d == F8E5M2 }
 
 // decodesToF32 reports the byte formats no arithmetic runs in: they are decoded to F32 first.
-func (d DType) decodesToF32() bool { return d.IsFP8() || d == F8E8M0 }
+func (d DType) decodesToF32() bool { return d.IsFP8() || d == F8E8M0 || d == F4 }
 
 // isSigned reports a signed integer dtype.
 func (d DType) isSigned() bool { return d == I8 || d == I16 || d == I32 || d == I64 }
@@ -102,6 +105,8 @@ func CanConvert(from, to DType) bool {
 		return false
 	}
 	switch {
+	case to == F4: // nothing is written as packed F4
+		return false
 	case from == to:
 		return true
 	case to == F8E8M0:

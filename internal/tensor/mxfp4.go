@@ -75,3 +75,47 @@ func (m *MXFP4) Run(dst []byte, blocks, scales Source, g MXRegion) error {
 	}
 	return nil
 }
+
+// CopyNibbles is Copy for a packed F4 source: srcOff and the source strides count nibbles (element
+// e of the file is nibble 2*Begin+e), each value is decoded to float32, and p (built from F32)
+// applies the post ops and the conversion.
+func CopyNibbles(p *Pipeline, dst []byte, src Source, srcOff int64, s Strided) error {
+	dstSize := int64(p.dst.Size())
+	if len(s.Lengths) == 0 {
+		s = Strided{Lengths: []int64{1}, Src: []int64{1}, Dst: []int64{dstSize}}
+	}
+	inner := len(s.Lengths) - 1
+	n, ss, ds := s.Lengths[inner], s.Src[inner], s.Dst[inner]
+	idx := make([]int64, inner)
+	tmp := make([]byte, 4*min(n, batchLen))
+	var srcAt, dstAt int64
+	for {
+		for done := int64(0); done < n; done += batchLen {
+			m := min(n-done, batchLen)
+			for i := range m {
+				a := srcOff + srcAt + (done+i)*ss
+				b := src.Slice(a>>1, 1)
+				if b == nil {
+					return fmt.Errorf("source nibble %d was not read", a)
+				}
+				binary.LittleEndian.PutUint32(tmp[4*i:], math.Float32bits(fp4Values[(b[0]>>(4*(a&1)))&0xF]))
+			}
+			p.Run(dst[dstAt+done*ds:], int(ds), tmp, 4, int(m))
+		}
+		d := inner - 1
+		for ; d >= 0; d-- {
+			idx[d]++
+			srcAt += s.Src[d]
+			dstAt += s.Dst[d]
+			if idx[d] < s.Lengths[d] {
+				break
+			}
+			srcAt -= s.Src[d] * s.Lengths[d]
+			dstAt -= s.Dst[d] * s.Lengths[d]
+			idx[d] = 0
+		}
+		if d < 0 {
+			return nil
+		}
+	}
+}

@@ -134,7 +134,17 @@ func TestCanConvert(t *testing.T) {
 			t.Errorf("ParseDType(%q) = %v, %v", d.String(), got, ok)
 		}
 	}
-	if _, ok := ParseDType("F4"); ok {
-		t.Error("F4 is not a dtype of the contract")
+	if _, ok := ParseDType("F6_E2M3"); ok {
+		t.Error("F6_E2M3 is not served")
+	}
+	// The source-only extensions: read as float32, never written.
+	for _, c := range []struct {
+		from, to DType
+		ok       bool
+	}{{F4, BF16, true}, {F4, F32, true}, {F4, F4, false}, {F32, F4, false}, {F4, I8, false},
+		{F8E8M0, F32, true}, {F8E8M0, F8E8M0, true}, {F32, F8E8M0, false}} {
+		if CanConvert(c.from, c.to) != c.ok {
+			t.Errorf("CanConvert(%s, %s) != %v", c.from, c.to, c.ok)
+		}
 	}
 }
