@@ -108,22 +108,11 @@ func (s *segmenter) dequantSegment(d *deferredSpec, off, lens []int64, seg *Segm
 	g := tensor.Region{WeightOff: d.weight.Begin, WeightCols: wCols, ScaleOff: d.scale.Begin, ScaleCols: sCols, R0: r0, C0: c0, Rows: rows, Cols: cols}
 	sr0, sc0 := r0/b0, c0/b1
 	nr, nc := (r0+rows-1)/b0-sr0+1, (c0+cols-1)/b1-sc0+1
-	for _, part := range []struct {
-		t       *checkpoint.Tensor
-		start   int64
-		layout  tensor.Strided
-		elem    int64
-		touched int64
-	}{
-		{d.weight, d.weight.Begin + r0*wCols + c0, tensor.Strided{Lengths: []int64{rows, cols}, Src: []int64{wCols, 1}, Dst: []int64{cols, 1}}, 1, rows * cols},
-		{d.scale, d.scale.Begin + (sr0*sCols+sc0)*ss, tensor.Strided{Lengths: []int64{nr, nc}, Src: []int64{sCols * ss, ss}, Dst: []int64{nc * ss, ss}}, ss, nr * nc * ss},
-	} {
-		sp, err := s.spans(part.layout.Simplify(), part.start, part.elem)
-		if err != nil {
-			return 0, nil, err
-		}
-		spans = append(spans, s.reads(part.t, sp)...)
-		needed += part.touched
+	needed, spans, err = s.partReads(
+		sourcePart{d.weight, d.weight.Begin + r0*wCols + c0, tensor.Strided{Lengths: []int64{rows, cols}, Src: []int64{wCols, 1}}, 1},
+		sourcePart{d.scale, d.scale.Begin + (sr0*sCols+sc0)*ss, tensor.Strided{Lengths: []int64{nr, nc}, Src: []int64{sCols * ss, ss}}, ss})
+	if err != nil {
+		return 0, nil, err
 	}
 	seg.Dequants = append(seg.Dequants, Dequant{Kernel: d.kernel, WeightKey: d.weight.Key, ScaleKey: d.scale.Key, Region: g})
 	return needed, spans, nil
@@ -182,20 +171,11 @@ func (s *segmenter) mxfp4Segment(d *deferredSpec, off, lens []int64, seg *Segmen
 	}
 	first := g.C0 / (2 * gb)
 	ng := (g.C0+g.NC-1)/(2*gb) - first + 1
-	for _, part := range []struct {
-		t      *checkpoint.Tensor
-		start  int64
-		layout tensor.Strided
-	}{
-		{d.weight, d.weight.Begin + ((g.E0*rows+g.R0)*groups+first)*gb, tensor.Strided{Lengths: []int64{g.NE, g.NR, ng * gb}, Src: []int64{rows * groups * gb, groups * gb, 1}, Dst: []int64{0, 0, 0}}},
-		{d.scale, d.scale.Begin + (g.E0*rows+g.R0)*groups + first, tensor.Strided{Lengths: []int64{g.NE, g.NR, ng}, Src: []int64{rows * groups, groups, 1}, Dst: []int64{0, 0, 0}}},
-	} {
-		sp, err := s.spans(part.layout.Simplify(), part.start, 1)
-		if err != nil {
-			return 0, nil, err
-		}
-		spans = append(spans, s.reads(part.t, sp)...)
-		needed += touched(part.layout.Lengths, part.layout.Src)
+	needed, spans, err = s.partReads(
+		sourcePart{d.weight, d.weight.Begin + ((g.E0*rows+g.R0)*groups+first)*gb, tensor.Strided{Lengths: []int64{g.NE, g.NR, ng * gb}, Src: []int64{rows * groups * gb, groups * gb, 1}}, 1},
+		sourcePart{d.scale, d.scale.Begin + (g.E0*rows+g.R0)*groups + first, tensor.Strided{Lengths: []int64{g.NE, g.NR, ng}, Src: []int64{rows * groups, groups, 1}}, 1})
+	if err != nil {
+		return 0, nil, err
 	}
 	seg.MXFP4s = append(seg.MXFP4s, MXFP4{Kernel: d.mx, BlocksKey: d.weight.Key, ScalesKey: d.scale.Key, Region: g})
 	return needed, spans, nil
@@ -251,23 +231,37 @@ func (s *segmenter) loraSegment(d *deferredSpec, off, lens []int64, seg *Segment
 	w, a, b := d.weight, d.scale, d.b
 	in, r := w.Shape[1], a.Shape[0]
 	g := tensor.LoRARegion{WOff: w.Begin, AOff: a.Begin, BOff: b.Begin, In: in, R0: off[0], NR: lens[0], C0: off[1], NC: lens[1]}
-	for _, part := range []struct {
-		t      *checkpoint.Tensor
-		start  int64
-		layout tensor.Strided
-	}{
-		{w, w.Begin + (g.R0*in+g.C0)*int64(w.DType.Size()), tensor.Strided{Lengths: []int64{g.NR, g.NC}, Src: []int64{in * int64(w.DType.Size()), int64(w.DType.Size())}, Dst: []int64{0, 0}}},
-		{a, a.Begin + g.C0*int64(a.DType.Size()), tensor.Strided{Lengths: []int64{r, g.NC}, Src: []int64{in * int64(a.DType.Size()), int64(a.DType.Size())}, Dst: []int64{0, 0}}},
-		{b, b.Begin + g.R0*r*int64(b.DType.Size()), tensor.Strided{Lengths: []int64{g.NR * r}, Src: []int64{int64(b.DType.Size())}, Dst: []int64{0}}},
-	} {
-		elem := int64(part.t.DType.Size())
-		sp, err := s.spans(part.layout.Simplify(), part.start, elem)
-		if err != nil {
-			return 0, nil, err
-		}
-		spans = append(spans, s.reads(part.t, sp)...)
-		needed += touched(part.layout.Lengths, part.layout.Src) * elem
+	ws, as, bs := int64(w.DType.Size()), int64(a.DType.Size()), int64(b.DType.Size())
+	needed, spans, err = s.partReads(
+		sourcePart{w, w.Begin + (g.R0*in+g.C0)*ws, tensor.Strided{Lengths: []int64{g.NR, g.NC}, Src: []int64{in * ws, ws}}, ws},
+		sourcePart{a, a.Begin + g.C0*as, tensor.Strided{Lengths: []int64{r, g.NC}, Src: []int64{in * as, as}}, as},
+		sourcePart{b, b.Begin + g.R0*r*bs, tensor.Strided{Lengths: []int64{g.NR * r}, Src: []int64{bs}}, bs})
+	if err != nil {
+		return 0, nil, err
 	}
 	seg.LoRAs = append(seg.LoRAs, LoRA{Kernel: d.lora, WKey: w.Key, AKey: a.Key, BKey: b.Key, Region: g})
 	return needed, spans, nil
+}
+
+// sourcePart is a region of a completion's source: the file offset of its first element, the
+// strides of its dimensions, and its element size.
+type sourcePart struct {
+	t      *checkpoint.Tensor
+	start  int64
+	layout tensor.Strided // Lengths and Src only
+	elem   int64
+}
+
+// partReads plans the reads of a completion's source regions and counts the bytes they need.
+func (s *segmenter) partReads(parts ...sourcePart) (needed int64, reads []Read, err error) {
+	for _, p := range parts {
+		p.layout.Dst = make([]int64, len(p.layout.Lengths))
+		sp, err := s.spans(p.layout.Simplify(), p.start, p.elem)
+		if err != nil {
+			return 0, nil, err
+		}
+		reads = append(reads, s.reads(p.t, sp)...)
+		needed += touched(p.layout.Lengths, p.layout.Src) * p.elem
+	}
+	return needed, reads, nil
 }

@@ -51,22 +51,33 @@ func Copy(p *Pipeline, dst []byte, src Source, srcOff int64, s Strided) error {
 	}
 	inner := dims - 1
 	n, ss, ds := s.Lengths[inner], s.Src[inner], s.Dst[inner]
-	idx := make([]int64, inner)
-	var srcAt, dstAt int64
-	for {
+	return walkRuns(s, func(srcAt, dstAt int64) error {
 		span := (n-1)*ss + srcSize
 		if b := src.Slice(srcOff+srcAt, span); b != nil {
 			p.Run(dst[dstAt:], int(ds), b, int(ss), int(n))
-		} else {
-			for i := range n { // the run's elements lie in different buffers
-				b := src.Slice(srcOff+srcAt+i*ss, srcSize)
-				if b == nil {
-					return fmt.Errorf("source bytes at offset %d were not read", srcOff+srcAt+i*ss)
-				}
-				p.Run(dst[dstAt+i*ds:], int(ds), b, int(ss), 1)
-			}
+			return nil
 		}
-		// Advance the odometer over the outer dimensions.
+		for i := range n { // the run's elements lie in different buffers
+			b := src.Slice(srcOff+srcAt+i*ss, srcSize)
+			if b == nil {
+				return fmt.Errorf("source bytes at offset %d were not read", srcOff+srcAt+i*ss)
+			}
+			p.Run(dst[dstAt+i*ds:], int(ds), b, int(ss), 1)
+		}
+		return nil
+	})
+}
+
+// walkRuns calls run with the source and destination offsets of every innermost run of s (at
+// least one dimension), advancing an odometer over the outer dimensions.
+func walkRuns(s Strided, run func(srcAt, dstAt int64) error) error {
+	inner := len(s.Lengths) - 1
+	idx := make([]int64, inner)
+	var srcAt, dstAt int64
+	for {
+		if err := run(srcAt, dstAt); err != nil {
+			return err
+		}
 		d := inner - 1
 		for ; d >= 0; d-- {
 			idx[d]++

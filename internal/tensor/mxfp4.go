@@ -86,10 +86,8 @@ func CopyNibbles(p *Pipeline, dst []byte, src Source, srcOff int64, s Strided) e
 	}
 	inner := len(s.Lengths) - 1
 	n, ss, ds := s.Lengths[inner], s.Src[inner], s.Dst[inner]
-	idx := make([]int64, inner)
 	tmp := make([]byte, 4*min(n, batchLen))
-	var srcAt, dstAt int64
-	for {
+	return walkRuns(s, func(srcAt, dstAt int64) error {
 		for done := int64(0); done < n; done += batchLen {
 			m := min(n-done, batchLen)
 			for i := range m {
@@ -102,20 +100,6 @@ func CopyNibbles(p *Pipeline, dst []byte, src Source, srcOff int64, s Strided) e
 			}
 			p.Run(dst[dstAt+done*ds:], int(ds), tmp, 4, int(m))
 		}
-		d := inner - 1
-		for ; d >= 0; d-- {
-			idx[d]++
-			srcAt += s.Src[d]
-			dstAt += s.Dst[d]
-			if idx[d] < s.Lengths[d] {
-				break
-			}
-			srcAt -= s.Src[d] * s.Lengths[d]
-			dstAt -= s.Dst[d] * s.Lengths[d]
-			idx[d] = 0
-		}
-		if d < 0 {
-			return nil
-		}
-	}
+		return nil
+	})
 }
