@@ -95,14 +95,12 @@ func (e *Executor) release(w int64) {
 // Stream is one plan being produced. Next returns the body in order; Close must be called.
 type Stream struct {
 	e       *Executor
-	ctx     context.Context
 	cancel  context.CancelFunc
 	header  []byte
-	results []chan result
+	results []chan result // one per segment, each written exactly once
 	next    int
-	slots   chan struct{}
-	held    *result // the segment last returned by Next, released on the following call
-	done    sync.WaitGroup
+	slots   chan struct{} // the window: a slot per segment read but not yet written
+	held    *result       // the segment last returned by Next, released on the following call
 }
 
 type result struct {
@@ -136,11 +134,11 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan) (*Stream, error)
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &Stream{e: e, ctx: ctx, cancel: cancel, header: p.Header, results: make([]chan result, len(segs)), slots: make(chan struct{}, e.window)}
+	s := &Stream{e: e, cancel: cancel, header: p.Header, results: make([]chan result, len(segs)), slots: make(chan struct{}, e.window)}
 	for i := range s.results {
 		s.results[i] = make(chan result, 1)
 	}
-	s.done.Go(func() {
+	go func() {
 		for i, seg := range segs {
 			w := e.weight(seg)
 			var err error
@@ -161,12 +159,12 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan) (*Stream, error)
 				}
 				return
 			}
-			s.done.Go(func() {
+			go func() {
 				buf, err := e.produce(ctx, seg)
 				s.results[i] <- result{buf: buf, n: seg.Bytes, weight: w, err: err}
-			})
+			}()
 		}
-	})
+	}()
 	return s, nil
 }
 
@@ -192,7 +190,8 @@ func (s *Stream) Next() ([]byte, error) {
 	return (*r.buf)[:r.n], nil
 }
 
-// free returns what a produced segment holds: its buffer, its memory, its window slot.
+// free returns what a produced segment holds: its buffer and its memory (the caller gives back
+// its window slot).
 func (e *Executor) free(r result) {
 	if r.buf != nil {
 		putBuf(r.buf)
