@@ -100,6 +100,21 @@ func (e DeferredOp) Valid() bool {
 	}
 }
 
+// Defines values for EngineLayoutEngine.
+const (
+	Vllm EngineLayoutEngine = "vllm"
+)
+
+// Valid indicates whether the value is a known member of the EngineLayoutEngine enum.
+func (e EngineLayoutEngine) Valid() bool {
+	switch e {
+	case Vllm:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PiecePlanMode.
 const (
 	Direct PiecePlanMode = "direct"
@@ -233,12 +248,47 @@ type DeferredParams struct {
 	Rank *int64 `json:"rank,omitempty"`
 }
 
+// EngineLayout A rank of an inference engine. The server reads the checkpoint's config.json and serves
+// exactly the parameters the engine holds on that rank, named as the engine names them, each
+// one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
+// saves for the rank (vLLM v0.10.2 layouts; docs/engines.md lists the architectures).
+type EngineLayout struct {
+	DataParallelSize *int64 `json:"data_parallel_size,omitempty"`
+	DpRank           *int64 `json:"dp_rank,omitempty"`
+
+	// Dtype The dtype the engine runs in (BF16, F16 or F32); default the checkpoint's torch_dtype. Quantized weights keep theirs.
+	Dtype *DType `json:"dtype,omitempty"`
+
+	// EnableExpertParallel Spread experts over TP x DP ranks instead of splitting every expert by TP.
+	EnableExpertParallel *bool              `json:"enable_expert_parallel,omitempty"`
+	Engine               EngineLayoutEngine `json:"engine"`
+	TensorParallelSize   *int64             `json:"tensor_parallel_size,omitempty"`
+	TpRank               *int64             `json:"tp_rank,omitempty"`
+}
+
+// EngineLayoutEngine defines model for EngineLayout.Engine.
+type EngineLayoutEngine string
+
 // FieldError defines model for FieldError.
 type FieldError struct {
 	Detail string `json:"detail"`
 
 	// Pointer A JSON pointer into the request body, such as /tensors/0/blocks/2/coeff.
 	Pointer string `json:"pointer"`
+}
+
+// FileInfo defines model for FileInfo.
+type FileInfo struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
+// FileList defines model for FileList.
+type FileList struct {
+	Checkpoint string `json:"checkpoint"`
+
+	// Files The checkpoint folder's files other than its safetensors and their index, up to the size cap.
+	Files []FileInfo `json:"files"`
 }
 
 // Health defines model for Health.
@@ -248,6 +298,23 @@ type Health struct {
 
 // Index defines model for Index.
 type Index = []int64
+
+// LayoutRequest defines model for LayoutRequest.
+type LayoutRequest struct {
+	Checkpoint string `json:"checkpoint"`
+
+	// Layout A rank of an inference engine. The server reads the checkpoint's config.json and serves
+	// exactly the parameters the engine holds on that rank, named as the engine names them, each
+	// one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
+	// saves for the rank (vLLM v0.10.2 layouts; docs/engines.md lists the architectures).
+	Layout EngineLayout `json:"layout"`
+}
+
+// LayoutResponse The explicit table a layout expands to; POST it to /v1/shards as it is or edited.
+type LayoutResponse struct {
+	Checkpoint string          `json:"checkpoint"`
+	Tensors    []TensorRequest `json:"tensors"`
+}
 
 // Lengths defines model for Lengths.
 type Lengths = []int64
@@ -318,12 +385,18 @@ type ReadPlan struct {
 	Offset int64  `json:"offset"`
 }
 
-// ShardRequest defines model for ShardRequest.
+// ShardRequest Exactly one of `tensors` (an explicit table) and `layout` (an engine's rank, expanded by the server).
 type ShardRequest struct {
 	// Checkpoint A folder (key prefix) under the store root, of [A-Za-z0-9._-] segments.
 	Checkpoint string              `json:"checkpoint"`
 	Format     *ShardRequestFormat `json:"format,omitempty"`
-	Tensors    []TensorRequest     `json:"tensors"`
+
+	// Layout A rank of an inference engine. The server reads the checkpoint's config.json and serves
+	// exactly the parameters the engine holds on that rank, named as the engine names them, each
+	// one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
+	// saves for the rank (vLLM v0.10.2 layouts; docs/engines.md lists the architectures).
+	Layout  *EngineLayout   `json:"layout,omitempty"`
+	Tensors []TensorRequest `json:"tensors,omitempty"`
 }
 
 // ShardRequestFormat defines model for ShardRequest.Format.
@@ -384,6 +457,9 @@ type ListTensorsParams struct {
 	Checkpoint string `form:"checkpoint" json:"checkpoint"`
 }
 
+// PostLayoutsJSONRequestBody defines body for PostLayouts for application/json ContentType.
+type PostLayoutsJSONRequestBody = LayoutRequest
+
 // PostPlanJSONRequestBody defines body for PostPlan for application/json ContentType.
 type PostPlanJSONRequestBody = ShardRequest
 
@@ -404,6 +480,15 @@ type ServerInterface interface {
 	// ListCheckpoints List the checkpoints in the store
 	// (GET /v1/checkpoints)
 	ListCheckpoints(w http.ResponseWriter, r *http.Request)
+	// ListFiles List a checkpoint's small files (config, tokenizer, generation config)
+	// (GET /v1/checkpoints/{checkpoint}/files)
+	ListFiles(w http.ResponseWriter, r *http.Request, checkpoint string)
+	// GetFile Read one of a checkpoint's small files
+	// (GET /v1/checkpoints/{checkpoint}/files/{file})
+	GetFile(w http.ResponseWriter, r *http.Request, checkpoint string, file string)
+	// PostLayouts Expand an engine layout into the explicit tensors table it stands for
+	// (POST /v1/layouts)
+	PostLayouts(w http.ResponseWriter, r *http.Request)
 	// PostPlan Plan a shard request without reading tensor data
 	// (POST /v1/plan)
 	PostPlan(w http.ResponseWriter, r *http.Request)
@@ -440,6 +525,24 @@ func (_ Unimplemented) Readyz(w http.ResponseWriter, r *http.Request) {
 // ListCheckpoints List the checkpoints in the store
 // (GET /v1/checkpoints)
 func (_ Unimplemented) ListCheckpoints(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListFiles List a checkpoint's small files (config, tokenizer, generation config)
+// (GET /v1/checkpoints/{checkpoint}/files)
+func (_ Unimplemented) ListFiles(w http.ResponseWriter, r *http.Request, checkpoint string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetFile Read one of a checkpoint's small files
+// (GET /v1/checkpoints/{checkpoint}/files/{file})
+func (_ Unimplemented) GetFile(w http.ResponseWriter, r *http.Request, checkpoint string, file string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PostLayouts Expand an engine layout into the explicit tensors table it stands for
+// (POST /v1/layouts)
+func (_ Unimplemented) PostLayouts(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -517,6 +620,81 @@ func (siw *ServerInterfaceWrapper) ListCheckpoints(w http.ResponseWriter, r *htt
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListCheckpoints(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListFiles operation middleware
+func (siw *ServerInterfaceWrapper) ListFiles(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "checkpoint" -------------
+	var checkpoint string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "checkpoint", chi.URLParam(r, "checkpoint"), &checkpoint, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "checkpoint", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListFiles(w, r, checkpoint)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetFile operation middleware
+func (siw *ServerInterfaceWrapper) GetFile(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "checkpoint" -------------
+	var checkpoint string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "checkpoint", chi.URLParam(r, "checkpoint"), &checkpoint, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "checkpoint", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "file" -------------
+	var file string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "file", chi.URLParam(r, "file"), &file, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "file", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetFile(w, r, checkpoint, file)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PostLayouts operation middleware
+func (siw *ServerInterfaceWrapper) PostLayouts(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PostLayouts(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -707,6 +885,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v1/plan", wrapper.PostPlan)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/layouts", wrapper.PostLayouts)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/checkpoints/{checkpoint}/files", wrapper.ListFiles)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/checkpoints/{checkpoint}/files/{file}", wrapper.GetFile)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/checkpoints", wrapper.ListCheckpoints)
 	})
 	r.Group(func(r chi.Router) {
@@ -730,62 +917,76 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fr/b9s4sv9XBnoPiN3KX5PuZp1fXtJN8XpoNkHT3h7O9qW0NLbZSKSWpGK7Rf73w5CULdtyYve2e3vA",
-	"/ZLIEjXfOfOZob4GkUwzKVAYHfS+Bgp1JoVG++NGyVGCKV1GUhgUhi5ZliU8YoZL0crcipeftRT0TEdT",
-	"TBld/a/CcdAL/qe1ot9yT3WroPv4+BgGMepI8YzIBb3gXMD7N6/hp5NXP4In3gxomX+XSF8kMrq3ksQx",
-	"p/dYcqNkhspwknvMEo2bdC8TTFEYmIMcg5kijIjIkYaRnAPXkEltalrmKsL+iGmElxBJHI/h/6A2hwbI",
-	"8Vij0fVhvRmEQVZi9zWg9c+p/FbEOA8ew8BSpdXr8l0LBCVnkKECJwbEPEWhuRQhSIEQySRPhV0QozZc",
-	"WA+sVpFc3GCq9xbFLDIMegFTii3od4JiYqbPvv/OL3sMA2+VvTmSlWnxXnLeSG2usypBnYHo/ZQLJ07Q",
-	"6yzXaaO4mNioUfhbzhXGQa+/FHal6JJS6HxYeGe4JCVHnzEyxPNCzp8NufWw+N7mfFa9HWrcJMzu1T9W",
-	"2jCQuclyczdaGMdxLFXKTNALuDA/nARLYbkwOEFVesVx2vOdjGPkGOwXZbTcmqQi0BSyeH9S75HF1ZT2",
-	"iMR1VTestdSqEKnKta+nGN1nkgvzjrtttu7haPl8XaWNXfOM7GUqVVL8/MHe2cxvb07vLk+v2lC7+hvo",
-	"iCWoQ+j+o6Ybne6P9TplYFIMmIZxIpk57p6BFMkCmIDiVZ8WIykeUBkNRgI3lPVQ5CmJdnF9/S4Ig4+n",
-	"QRi8pT8fOz/Qpf378bhL1/bvRxs6b+3fN/bphfv3xj5+4x6c3l2eXB37q1dXXX91etUuKb6y2s84RmWN",
-	"dFBhOgeN6gFVQ/OYlEuzBG1iN1Nm7O/coLYly6DQUsFYyRRWbvC3NQjpihpETAyE4zLCJoyz0zv74C7G",
-	"33ImTM+bUkN/hnwyNVDzyoJU4LUNoa/kTIdUd/SwHjqvDUTtzXGXlpHFQuhHyJMaLWyN2vUQ7E96ozXq",
-	"1If14RmgL7w1FUJEjh4I7+GaY95Xw340rMOLwvM1y6mvWqP2sB+1Rh3i7g0RAxfFOmAiLqIBYwoHM8WB",
-	"cOY40hCTi85KljvSoKcsQ4o2uuv4H+kmXFOorW6Bwgm5gBjQXSsQlWc9EI4plWINzKIHgRhrYAptCDch",
-	"nY+zk8LWUJtkpiG1BpxTIOiQYtwoJjTlMlT6aCC8EnepxLuMRfcY3xVOtdudhEjrJbdZd2qofTwNoX8Z",
-	"gvPURMk80yFcDEGqgehv3i2caF8sXH161Q5XgEgfeRPNuJnK3MAF+fCBJTm5XslZCJMX3Qt4Cdxu2nF2",
-	"UhN8NEoQeAiJnIH/NeZKG3IqbXJrvgbQVi/7zz/ovnplw+IX9kv9zDKmXe/MtYI3VkaFOk8MMSatnWYv",
-	"uhfOAEOoWbtmUmNMZh6Isp1BocmV0MBNPQRMNMKahV50L4ZNSKRidymqCZbM/Sv0ZW5C4GIYwjn0lbsc",
-	"iAv/QA2HhCutYi7udCnyeQifrbV+7fNh//MQXkKNJdmUtRQT92QknacgH1DBPcjxQFzQuvshvIDz/j29",
-	"EZbNZi10T3ekilGdAVGBGMcsT1xaVM2B2EKpMqO/Ra7cSgpBGKwFLhWnpS0qE17GFHu+KBZp8catXqK3",
-	"9Rr0JI4L6fFbt7TzXGnNghWHyvq0Ls9hkM56bbu4rQx1pMGuOSv8AR2qUEvYEst8lOAKt4g8HTnYMiqa",
-	"mnXSW36iJGa3jcv1/VE7hFFnuGLY73RPQ+h0T4drHcEWckq54CkFQ6cKRaVs7i3eLZu/W4GRmLh/xiS0",
-	"ZCUgbWQWs8xQ8gO1Zp99hHus8Oobjkl8qZRU27gnRsN4Uol0bAFFtS3+Ofzl9voX8M+BC1ddgEINtYGR",
-	"jBch6DyaUjpv+WzdardcFm11W7aTaAbPNSWFBGEhZlXM/j+yhLbGpmbaMJNXYbgNJn5dFWmHzstbcbcv",
-	"2lWBshkO71Z9xLfG3ibJFUTf8tOHKULGlKHsS02y2xRcWDBlq5qcVzTs1XvN2mJtPkBJdg0/OPc2KxuP",
-	"wzuoVMYVUDnmCiMDsykKwAdUC3hgasHFpFQMZyy5J/yxOSog6bnRIGfC1QltMIOORTJC2ikHyAzsCIdq",
-	"1ISZKSqQ9HfGNZbhtJMjCAO3qLIGHNoDrjr3pyPWeajUn1e1TNZ8VUFNsfLeD7Iqdk2epkwtnm0MEyZu",
-	"/VIKSrfF924GP9j1e7WDhUArJruUul2Jvq4TYVCMV731ekTduiixTx2gnTIVQ4wZiliDFD1AFk2hNpLz",
-	"0MV43eKRhGUEpLk2XESmiDYPbHRl5t7ZxO+Q7cIK5TedYjMoJpA2x+7JglDy0wyIepYwAWM00RS166K0",
-	"kYpNENiYsnwkCRxHXEwOYetLQpXZPfUlhncSpOwe97PdJrZZHwms+XzNBpuSVYaTm64dhn9i45v7JxGf",
-	"nQCQ49cQp8AJ7dk8CUJiSYlmTmAtYtpU5hbbdVRMSjNUlM7kGNI8sZmNxfFeKGsbK1ZaZjX13htIIEGP",
-	"/ZNDCa5U1DsutGGiMk2G2zW/XDi5SfCJkc5zWdc+LciET8GG5ahry0hjvkOExOP7/QZ/+0/8NnSw/JcE",
-	"lmyrlLilLPjebZIDN8Jq/FKFHccyiVFB7R4XkCkc83kdckG3bPI1UiEoKU1IQdw/b/ydNb60Gz817xpD",
-	"0DhZJtctGxbGIJYWTAe9QLFZqWi7X5qNcbuWlMLhm4pZYaqDGrKSpZ6ub47HWzGWFTvPVA4VCf2VVC0m",
-	"Pq4BB5kbCwNtPrLzmYRrgzGMcgMRE0IaGKEbv8XV5t4Vy4KlO3bnlGX4bfN7SzP0qhaUvAy77fXcqLc6",
-	"G3yT+61rHn9fd1fnkJGcHzDBL440KjLpDj9VW95x3S3rt2UK1zHsr4wFvhWqHGyTZ7YpNZyrgfU+Exz7",
-	"zkEAYMyTZHvX/pXqOmW+kZwvsWRpek3AU58tJ5Dc+C6omKelubYb1y7EeM/5ShEKz0yafv8NvCusiBlG",
-	"ueJmcUt0fbggU1UDifeeEciiKVQyN2hzWWtq5wNfQmgR7lt8saColaJRPNKukbSFxx40gMqFds1ho8Fy",
-	"M20YeY9CNyjTkDGtliSpl2Up+dSYzJ3Zc5+lN/Au0degMGVZhnFxXmGbjQJwl7J16SSpCecQJZy8e3N9",
-	"+0EXrfuyM7DnGcsz74ICNzCVSayXg3rLGgwbJQg1t/Pq7iBFs4W1hEJvvhK9gShCK5Kpbw3OlhbjUYHg",
-	"ZXFKQCgbFBMTtDL4AwARgzYKWaphxKJ7wDmLTLIYCHqlLL4F6U24RYT3l+c/X1020xjGUpXmDhpTJgx5",
-	"r1DN8kzYQubGTXcTHqHvb11sB+cZi6bY6DbbJTAYOPOrhyAMaGM5V3WabbdKZihYxoNecNxsN4+DMMiY",
-	"H2IUYUXXEwfGKLFZHd7GQc+Ppb7YdqP01Ui33X7ii5HDvhTxk6+KD0Xs5EfJCLUGroEl/AH9lyJFkxy8",
-	"4w8oUGt7u9gPO9W58s+fVcfg3LSyhPENRTarzJbMnkMxVbpRMkUzxVwDkQSXxZrklpP2yS7TLIUrfUZT",
-	"VrpEtdDYqu9Sw07t37vH/xZfWt5W71ft42/Vm4hw8jbUVijbnStHU8oIdWeHh05r4yS80h4ErF6X1n1H",
-	"w2wc3FcYaLUCaK9rHyOdA2xFtu0euP6bY5D0sCFesnQR9dYxS1dkBQD0XwatO+FGamOxnau0qM2FjBe/",
-	"m+HXGsDH9XpuVI6P39HpazPKXfktYcK7un2Q6w4NjcPSTRicdI4PW9/tfudQPf6jQpv8BsxPUIvjoAKr",
-	"KpuDJgXyiZlhy0h3dbgc6+sO/6TY7FPP4gA7jPU0uFhysce94WqFn/U7nFQcB4cFdjrSS3A9EERFzhop",
-	"+yxVsS7hxiTYQBFzJsKtow6LY6F2cX39rufOVhYGQ2iDVNCpNwfiUwnMfeqRTUrgjsCkBWdkDnrbq5Oh",
-	"sri/prfQj81sRPjSH3okPHaASSqImGGJnIAdtNmCX3weCiMcU6on4e1XB1bQM5LHz1/HjCe5woFwY15a",
-	"OEUWo9IwI0CoCfqxkbQfFU3tF0YCI2O/vNTS2zNeEFc9lcqEIAhDwkxJMXFgbDtt3Tp3/yckLhkZNA2H",
-	"XddlWPZVIy78CcVWJ12m9CDiZnn2dCCxyiS4hZzD0jciLDLw2mnVcG0ddTDeu8R0/eEOgXaOFh//jLm3",
-	"/dN/c/V+ufrWhnT54B7jtbYSKrrKZcIuBfFOhPjBr/Ffw6CxYdf/GlBvEPyWo41z35+tzcbWN2z4RBsx",
-	"/I4opDRE3LH9VkIf6cJEf05M8t3j9l+Hw0V1lGNgJcs62xfTIIqfx3A1CuoPKQTc8MYFV64SP47ptVqJ",
-	"jFgyldr0Ttun7eBx+PjPAAAA//8=",
+	"7Ft7d9u4cv8qc9j2WMpSTyd7vfY/jXftNj322o2T3p5KqgORIwkxCXAB0JaT4+/eMwBIURJlSb7JNn38",
+	"k0giCAzm+ZuHvwaRTDMpUBgdHH8NFOpMCo32y7WS4wRT+hhJYVAY+siyLOERM1yKTuZW/PRZS0HPdDTD",
+	"lNGnv1c4CY6Dv+ss9u+4p7pT7Pv09BQGMepI8Yy2C46DtwLen/8Kv7x+8xfwm7cDWubfpa1PExndWUri",
+	"mNN7LLlWMkNlONE9YYnG1X3PEkxRGJiDnICZIYxpkwMNYzkHriGT2jS0zFWEgzHTCD9BJHEygX+Exhxa",
+	"ICcTjUY3R812EAZZ5bivAa3fduV3IsZ58BQGdldavUzflUBQ8gEyVODIgJinKDSXIgQpECKZ5KmwC2LU",
+	"hgsrgcUqoosbTPXOpJjHDIPjgCnFHul7gmJqZlvfv/DLnsLAc2XnE4nLtHgnOq+lNldZHaGOQfR+yoUj",
+	"Jzjuleu0UVxMrdYo/CPnCuPgeFASu7houVPoZFhIZ1RuJcefMTJ05qmcb1W5ZbX43uzcer0N17hOmLXV",
+	"P5faMJC5yXJzO3407sSJVCkzwXHAhfn5dVASy4XBKarKK+6kHd/JOEbugN20jJZbltQomkIW777Ve2Rx",
+	"/U47aOLyVVe4Vd6qIKlOtL/OMLrLJBfmgjszW5ZwVD5fvtKK1WyhvbpLHRW/fbC/rPq386Pbs6PLLjQu",
+	"/x10xBLUIfT/s6Fbvf5fmk3ywHQxYBomiWTmsH8CUiSPwAQUr3q3GElxj8poMBK4Ia+HIk+JtNOrq4sg",
+	"DD4eBWHwjv752PuZPtp/Px726bP996NVnXf233P79NT9d24fn7sHR7dnry8P/ac3l33/6eiyW7n4gmu/",
+	"4QSVZdJegektaFT3qFqax3S5NEvQOnYzY8Z+zw1qG7IMCi0VTJRMYSEG/7MGIV1Qg4iJoXCnjLENk+zo",
+	"1j64jfGPnAlz7FmpYfCAfDoz0PCXBanA3zaEgZIPOqS4o0fN0EltKBrnh31aRhwLYRAhTxq0sDPuNkOw",
+	"X+mNzrjXHDVHJ4A+8DZUCBEJeii8hBvu8IEaDaJRE14Vkm/YkwaqM+6OBlFn3KPTPSNi4KJYB0zEhTZg",
+	"TOpgZjgUjh0HGmIS0UmFcwca9IxlSNpGv7rzD3QbrkjVFj+BwimJgA6gXy1BFJ71ULhDKRRrYBY9CMRY",
+	"A1NoVbgN6XySvS54DY1pZlpSa8A5KYIOSceNYkKTL0OlD4bCX+I2lXibsegO49tCqNbciYi0WRGbFaeG",
+	"xsejEAZnIThJTZXMMx3C6QikGorB6q+FEO2LhaiPLrvhAhDpA8+iB25mMjdwSjK8Z0lOolfyIYTpq/4p",
+	"/ATcGu0ke90QfDxOEHgIiXwA/23ClTYkVDJyy74WkKlX5ecf9N+8sWrxO/u9eWIPJqt37FrAG0ujQp0n",
+	"hg6mW7ubveqfOgaMoGH5mkmNMbF5KKp8BoUmV0IDN80QMNEISxx61T8dtSGRit2mqKZYYfdfYSBzEwIX",
+	"oxDewkC5j0Nx6h+o0Yhwpb2Y0ztd0XwewmfLrb8O+GjweQQ/QYMl2Yx1FBN3xCSdpyDvUcEdyMlQnNK6",
+	"uxG8greDO3ojrLLNcuiOfpEqRnUCtAvEOGF54tyiag/FGkqVGf1b+Mo1pxCEwZLiUnAqeVHr8DKm2Pag",
+	"WLjFa7e6RG/LMehZHBfS43duaW9baM2CxQm18WmZnv0gnZXaenBbMOpAg11zUsgDehShStgSy3yc4AK3",
+	"iDwdO9gyLpKa5a3X5EROzJqN8/WDcTeEcW+0OHDQ6x+F0OsfjZYygjXklHLBU1KGXh2KStncc7xfZX+/",
+	"BiMxcbeFJbRkQSAZMotZZsj5gVrizy7EPdVI9UxMucAL9ihzs3cAtvYjJ+R1uJigQhEhoN2xDR/I/9sI",
+	"vfDFleh7oCkETfi0TSmwjRh2tR4KnLPI+LhibQXpxvar2xxmMok1FLGeyAhBsBQtDqqso99cEAgBWTQb",
+	"CkoIPRzw+Sy9faAXBzk/fgwTqWAY3CdJOgxCeKCD7i8uLg803MyYijG+MczghWQxqqHQ7B61fafYExq0",
+	"HO677V633YfEslifQCwj3XH06XYaQ8K1cUQzFc24wcjkCnWzzhXFzLBbojRJMLnV/IsHjFY/rMz31NY4",
+	"u12ood+l+9wu3dpdjIeuLEmuJsHxYItns0j3abSqUKQxdquqCFVOkUdAw+Gm897PNgAf9pvLhrGkWUaq",
+	"aHZr92rDv5L18y8Ye5Ci4Q4xo5e40m2iHwUbJ3jrImfJ3yWm1FrATWaxtwcoLhB9uIY5/HZtVYAI14aW",
+	"yAnoLOHGcDEFvEf1WMTp8SN8uG4vHNtYygRdKuQ4UA0+pI21IcWp9DdVDfMNVGMlxvgL1UWXc45JfKaU",
+	"VOv5V4yG8aQ247ICR7XuRt/Cv9xc/Q7+OXDhUC4QOagNjGX8GILOoxm5jI5HjZ1ux6G5Tr9jKxoVwWwo",
+	"jhQUhAWZ9bdL8J2YyPW7kYeqvVkhwa2J+wo9dkP/+iZStqW5tQRNeFKIY9VoKznVRCYxUsJgl4M0MySX",
+	"SBHCaNBsggVA9zkCJ+HEOA8hz3wqAkQ8RCzbuTJX8nf3JDwoblTHpH9GlhCkWmWRNszkdbn/yjF+Xd3W",
+	"rqpThXB7OttVGOFi93un13vCsi0iT0pY8BzzlyDEswz3+9WxpbiFK6LXqxnOs4RH3IAhdw3Mx1T6nQkC",
+	"GPIErq9uPgAtkdC573U0hWpNJs5t9iMVYMwNxuvF6C288Gq7c03rg11fiGUvvSyOquXTotr4UoS6qkCL",
+	"Ql4t1zOmDMUvQk4OOnNhSy4295XzmrJ+PSK3mr/URaC4vlRlcM63XVue3L/Omsq4RpNirjAy8DBD4SPx",
+	"PVOPFJcXKfMDS+40sLWGAlFPfkw+CJdNaoMZ9KwvE9L2QkBmYBs9lMlOmfV/1gs+cI3VopujIwgDt6g2",
+	"rO9bKV7U95/3T05ClSp+XWHVsq9OB0lXqpa64iPzNGXqcWv5OGHixi99sXntVDQuCHresKr0rEdpxBjj",
+	"RQV+BQY6LbFPXfwirwMxZihsmnJskw9ojOU8dDretGAxYdmBhphrw0VkCm3z5Q9dm99tLPVvoO3UElWm",
+	"Og9Q9CktAtrxCEK5zx9gU7WECZigiWaUCSmZgjZSsSkCmxAGiyRLUEdcTPc51gO2Orb73RfZpaUgZXe4",
+	"G+9WKyDLjYMlmS/xYJWyWnVyPbj9wnGZR+2QPYUrdSmBU7LZPAlCOpIczTwLwiBi2tT6FlubrOmnZqjI",
+	"nckJpHliPRuL451qMesVpVrOLHrjO8N8pMRgd+dQSSZq4h3lZExEG2D3KsKrBk5uEnym8bPN69qnxTbh",
+	"cyCxbIitMYkwaz1W81XA3dqDu/cFV+5gzy83KI+tu4Qtk+yKS1eGDnwFiDCHnMAn77g/QcMVuCswsGlV",
+	"9JODgn6BBaS+fBZ6eIgxpdqmLEo1tyHA1XzSZTbQuMNHyBRO+LwJuYjRVXzI1SEoKU1IFA/etv6Dtb50",
+	"W7+0b1sj0DgtXfp6YuVFUMmzA8UeKlDBfaskT7UG/RK0/g1w7eYScxjMW1PZot9a+o5nLZk5+bfKtN2o",
+	"HJ/BwnVq5Qioz6ZLB7oOY6upp29wuX4DyNxYPGsdq21HJVwb0pfcQMSEkAbGXm3iegluMsrN2f2MZfiy",
+	"cQWf4Mfem7idPA2b+fWilP9lurF/Iv4cLqsAvTXyx3K+x8BCMcFRExI2yKme8+7UzbS+LBV3qc/ul7EI",
+	"vuYqe/NkS5uIXPOiP79Lw2qpIrwTkpnwJFm32n8jgELOdCznJSiuNOsJQeuTsuHKTVFY9e3DNNfWcO1C",
+	"jHdsJxWqsKWx9u0NeJNa0WEY5Yqbxxva16sLMlVX93zvDwJZZLdK5gatL+vMbFnrSwgdArCPX2zo7KRo",
+	"FI+0y4hNpWuTC+2y3FaL5WbWMvIOhW6RpyFm2lvakrWjpaR8ZkzmRhS599IrwN32eUBhyrIM46If42s1",
+	"LnOoeOvK4Ewb3kKUcJLu9dXNB13UIMoUx45vlCN+xQ7c+I5RMZdgj/ZlpIazvKbrJWn2aDmh0LOvst9Q",
+	"FKoVydTnOCclx3hUpCKyGIqgdIFAyBQtDX7eQcSgjUKWahiz6A58u2so6JUq+TbbaMMNIrw/e/vb5Vk7",
+	"jcsWkzMCjSkThqRXXM2e6aCA6yAlPEKfqDvdDt5mLJphq9/uVlBt4Niv7oMwIMNyouq1u26VzFCwjAfH",
+	"wWG72z4k7MR8NaZQK/o8daiSHJu9w7s4OPbV1C82b6oMyfa73WcGZPcbjPUF25q5WFvCUjJCrYFrYAm/",
+	"Rz8YW2T7wQW/R4Fa258Le9h4nUv/fOt1DM5NJ0sYX7nIapRZo9mfUJTHrpVM0cww10BbgvNitnP1uvt6",
+	"E2tK4ipTw9VLV3Ytbmyv71zDxtu/d4//W2Rpz7b3ftM9fOm9aRNO0obGAri7MbpoZjMKx4f7Xmdl8K+W",
+	"HwSsfq2s+46MWZlTrGHQYoVrfXsd6e3BK+Jtf8/1L9ZBusdK97bUeiuYOlF0vi6+PHXKttRG6ZzbFX7s",
+	"xo4S2A71s20s4t4JoI5YhnDQOQCm4R/657YhRcvJ+QUFWFgGs4tQT8lN+Izdj76jrpRtvg0u0bLNq0d3",
+	"L3Hvq077uag/X/3Y8uiATlmS+O5lw02ohGCRD/+CKoQpCq9gfn6luaOOdr7Sf08bVfWf0Grqj6ioYU01",
+	"hCdYlJVdZcTOZ7qr+pkWN2RcQ4YvIn0vS5GRQdNyGGvZYkr8P+bCtwS2xeLCWA60w2NhZdCSRQZ+dTS0",
+	"XLLwQ1rU6+4v+63vHf6oFvveDtO4quBmwy0t0g9d2cqB/wuaZaO7ltpc+EVOIVGbUxk/fjNHvNyef1pO",
+	"Bm356ztGgZWu+gb1tnnQj6m5e2ri637/O2vu4Z+l6We2ag1lObsYdignmRZlcJ/lunSWG9DGjkNMpCoN",
+	"ISvqZxutwJbGvo8JLDUC/mQLWOpVb0oPEyb+X/1/LPUnuQHznfRiaK8o9Smbwk2LwlHMDCs13ZUxqrq+",
+	"LPBPij18ctO9tinv9+CiPMX+cUC4WOFnPlyZqfjjgbAoPR3osjY5FLSLfGil7LNUxbqEG5NgC0XMmQjX",
+	"Rl7cwGvj9Orq4tjN2DwaDKELUkGv2R6KT5Va2Kdj4kmlNmZh2Ewmlh2V2eYMlS2bNvRa8cgmhrTxmR9+",
+	"SXjs8KxUEDHDEjkF23C19ZLij4lhjBPKlC3g40obS+gJ0eP78BPGk1zhULh2Py2cIYtRaXhAhaBRGGBj",
+	"qfy4cySFwMjYv9PV0vMzfqRT9UwqE4LAe1TwoKSYulrWutu6ceL+n+C4/hZYGi7tdC/idrUb+C0w7lrh",
+	"cRvQDQMvXTp0+eEGgja2mJ/+D4Lm/0W++saqdHW8GuOlqjzUFOVLh11R4o0lnA9+zVpubJPLP3K0ev7j",
+	"VmMqPdgN5rf85wvuuj8mJvnuevu3VxOL6LiSJDreF8000p+ncNFJG4xIBVzvyylXrhLfzTrudBIZsWQm",
+	"tTk+6h51g6fR038FAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

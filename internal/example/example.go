@@ -59,6 +59,9 @@ func Generate(dir string) (requests []string, err error) {
 			bf16Tensor(p+"self_attn.q_proj.weight", r, Heads*HeadDim, Hidden),
 			bf16Tensor(p+"self_attn.k_proj.weight", r, KVHeads*HeadDim, Hidden),
 			bf16Tensor(p+"self_attn.v_proj.weight", r, KVHeads*HeadDim, Hidden),
+			bf16Tensor(p+"self_attn.q_proj.bias", r, Heads*HeadDim),
+			bf16Tensor(p+"self_attn.k_proj.bias", r, KVHeads*HeadDim),
+			bf16Tensor(p+"self_attn.v_proj.bias", r, KVHeads*HeadDim),
 			bf16Tensor(p+"self_attn.o_proj.weight", r, Hidden, Heads*HeadDim),
 			bf16Tensor(p+"post_attention_layernorm.weight", r, Hidden),
 		}
@@ -99,6 +102,11 @@ func Generate(dir string) (requests []string, err error) {
 	if err := writeJSON(filepath.Join(ckdir, "model.safetensors.index.json"), index); err != nil {
 		return nil, err
 	}
+	for name, v := range map[string]any{"config.json": Config(), "generation_config.json": map[string]any{"do_sample": false}} {
+		if err := writeJSON(filepath.Join(ckdir, name), v); err != nil {
+			return nil, err
+		}
+	}
 	reqdir := filepath.Join(filepath.Dir(filepath.Clean(dir)), "requests")
 	if err := os.MkdirAll(reqdir, 0o755); err != nil {
 		return nil, err
@@ -111,6 +119,19 @@ func Generate(dir string) (requests []string, err error) {
 		requests = append(requests, path)
 	}
 	return requests, nil
+}
+
+// Config is the example's config.json: a Qwen2-MoE whose first layer is dense, so a layout
+// request ("layout": {"engine": "vllm", ...}) shows fused QKV with biases, gate_up, stacked experts
+// and the padded vocabulary.
+func Config() map[string]any {
+	return map[string]any{
+		"architectures": []string{"Qwen2MoeForCausalLM"}, "model_type": "qwen2_moe", "torch_dtype": "bfloat16",
+		"hidden_size": Hidden, "num_attention_heads": Heads, "num_key_value_heads": KVHeads, "num_hidden_layers": 2,
+		"intermediate_size": Intermediate, "vocab_size": Vocab, "tie_word_embeddings": false,
+		"num_experts": Experts, "moe_intermediate_size": ExpertInter, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+		"mlp_only_layers": []int{0}, "shared_expert_intermediate_size": 0,
+	}
 }
 
 func writeJSON(path string, v any) error {
@@ -175,6 +196,9 @@ func CurlExamples(addr string, requests []string) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "  curl -s http://%s/v1/checkpoints\n", addr)
 	fmt.Fprintf(&b, "  curl -s 'http://%s/v1/tensors?checkpoint=%s'\n", addr, Name)
+	layout := fmt.Sprintf(`{"checkpoint": %q, "layout": {"engine": "vllm", "tensor_parallel_size": 2, "tp_rank": 1}}`, Name)
+	fmt.Fprintf(&b, "  curl -s -X POST http://%s/v1/layouts -H 'Content-Type: application/json' -d '%s'\n", addr, layout)
+	fmt.Fprintf(&b, "  curl -s -X POST http://%s/v1/shards -H 'Content-Type: application/json' -d '%s' -o vllm-tp2-rank1.bin\n", addr, layout)
 	for _, path := range requests {
 		base := filepath.Base(path)
 		base = base[:len(base)-len(filepath.Ext(base))]

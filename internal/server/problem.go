@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/engine"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -36,6 +37,7 @@ func toProblem(err error) *Problem {
 	var p *Problem
 	var verr *planner.ValidationError
 	var cerr *checkpoint.Error
+	var lerr *engine.Error
 	switch {
 	case errors.As(err, &p):
 		return p
@@ -48,6 +50,17 @@ func toProblem(err error) *Problem {
 			out.Errors = append(out.Errors, api.FieldError{Pointer: fe.Pointer, Detail: fe.Detail})
 		}
 		return out
+	case errors.As(err, &lerr):
+		ptr := lerr.Pointer
+		if ptr == "" {
+			ptr = "/layout"
+		}
+		return &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-layout", Title: "The layout cannot be built for this checkpoint",
+			Detail: lerr.Detail, Errors: []api.FieldError{{Pointer: ptr, Detail: lerr.Detail}}}
+	case errors.Is(err, checkpoint.ErrNoFile):
+		return &Problem{Status: http.StatusNotFound, Slug: "unknown-file", Title: "No such file", Detail: err.Error()}
+	case errors.Is(err, checkpoint.ErrFileTooLarge):
+		return &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "file-too-large", Title: "The file is over the size cap", Detail: err.Error()}
 	case errors.Is(err, store.ErrInvalidKey):
 		return &Problem{Status: http.StatusBadRequest, Slug: "invalid-checkpoint-name", Title: "Invalid checkpoint name", Detail: err.Error(),
 			Errors: []api.FieldError{{Pointer: "/checkpoint", Detail: "names are relative paths of [A-Za-z0-9._-] segments; '..' and absolute paths are refused"}}}

@@ -121,12 +121,11 @@ func (s *Server) Handler() http.Handler {
 	})
 }
 
-// decode reads a shard request strictly: unknown fields, trailing data and wrong types are 400s.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*api.ShardRequest, *Problem) {
+// decodeJSON reads a request body strictly: unknown fields, trailing data and wrong types are 400s.
+func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	dec.DisallowUnknownFields()
-	var req api.ShardRequest
-	err := dec.Decode(&req)
+	err := dec.Decode(v)
 	if err == nil && dec.More() {
 		err = errors.New("the body holds more than one JSON value")
 	}
@@ -143,18 +142,30 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*api.ShardReque
 	}
 	switch {
 	case err == nil:
+		return nil
 	case errors.As(err, &tooBig):
-		return nil, &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "body-too-large", Title: "Request body too large",
+		return &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "body-too-large", Title: "Request body too large",
 			Detail: fmt.Sprintf("the body is over %d bytes; split the request", tooBig.Limit)}
 	case errors.As(err, &typeErr):
 		ptr := "/" + strings.ReplaceAll(typeErr.Field, ".", "/")
-		return nil, bad(err.Error(), api.FieldError{Pointer: ptr, Detail: fmt.Sprintf("expected %s, got a JSON %s", typeErr.Type, typeErr.Value)})
+		return bad(err.Error(), api.FieldError{Pointer: ptr, Detail: fmt.Sprintf("expected %s, got a JSON %s", typeErr.Type, typeErr.Value)})
 	case errors.As(err, &syntax):
-		return nil, bad(fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
+		return bad(fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
 	case errors.Is(err, io.EOF):
-		return nil, bad("the body is empty; send a JSON shard request")
+		return bad("the body is empty; send a JSON request")
 	default:
-		return nil, bad(err.Error())
+		return bad(err.Error())
+	}
+}
+
+// decode reads a shard request and checks what needs no checkpoint: a name, and the size limits.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*api.ShardRequest, *Problem) {
+	var req api.ShardRequest
+	if p := s.decodeJSON(w, r, &req); p != nil {
+		return nil, p
+	}
+	bad := func(detail string, fields ...api.FieldError) *Problem {
+		return &Problem{Status: http.StatusBadRequest, Slug: "malformed-request", Title: "The request is not valid JSON for this endpoint", Detail: detail, Errors: fields}
 	}
 	if req.Checkpoint == "" {
 		return nil, bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"})
@@ -183,6 +194,9 @@ func (s *Server) plan(w http.ResponseWriter, r *http.Request) (*planner.Plan, *P
 	ctx, span := s.tracer.Start(r.Context(), "catalog.open", trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)))
 	ck, err := s.cfg.Catalog.Open(ctx, req.Checkpoint)
 	span.End()
+	if err == nil {
+		err = s.expandLayout(ctx, req, ck)
+	}
 	if err != nil {
 		return nil, toProblem(err)
 	}

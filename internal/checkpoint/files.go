@@ -1,0 +1,99 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// MaxFileBytes caps the small files a checkpoint folder serves besides its tensors (config.json,
+// tokenizer files): large enough for any tokenizer, small enough that no one mistakes the route for
+// a way around the shard planner.
+const MaxFileBytes = 64 << 20
+
+// ErrNoFile is a file the checkpoint folder does not hold (or holds only as tensor data).
+var ErrNoFile = errors.New("no such file in the checkpoint")
+
+// ErrFileTooLarge is a file over MaxFileBytes.
+var ErrFileTooLarge = errors.New("file over the size cap")
+
+// File is one of a checkpoint's small files.
+type File struct {
+	Name string // relative to the checkpoint folder
+	Key  string
+	store.Info
+}
+
+// servable reports whether a folder file may be served whole: not tensor data, not the index.
+func servable(name string) bool {
+	return !strings.HasSuffix(name, ".safetensors") && name != IndexFile
+}
+
+// StatFile resolves a small file of a checkpoint: the same name rules as checkpoints, only files
+// the folder holds, never its safetensors, at most MaxFileBytes.
+func (c *Catalog) StatFile(ctx context.Context, checkpoint, name string) (File, error) {
+	if err := store.ValidateKey(checkpoint); err != nil {
+		return File{}, err
+	}
+	if err := store.ValidateKey(name); err != nil {
+		return File{}, err
+	}
+	if !servable(name) {
+		return File{}, fmt.Errorf("%w: %s is tensor data; request it through /v1/shards", ErrNoFile, name)
+	}
+	key := checkpoint + "/" + name
+	info, err := c.store.Stat(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return File{}, fmt.Errorf("%w: %s has no %s", ErrNoFile, checkpoint, name)
+	}
+	if err != nil {
+		return File{}, err
+	}
+	if info.Size > MaxFileBytes {
+		return File{}, fmt.Errorf("%w: %s is %d bytes, over %d", ErrFileTooLarge, name, info.Size, MaxFileBytes)
+	}
+	return File{Name: name, Key: key, Info: info}, nil
+}
+
+// ReadFile reads a small file whole, at the version StatFile saw.
+func (c *Catalog) ReadFile(ctx context.Context, checkpoint, name string) ([]byte, error) {
+	f, err := c.StatFile(ctx, checkpoint, name)
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, f.Size)
+	if err := c.store.ReadAt(ctx, f.Key, f.Version, buf, 0); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// Files lists a checkpoint's servable files, sorted. The checkpoint must resolve.
+func (c *Catalog) Files(ctx context.Context, checkpoint string) ([]File, error) {
+	if _, _, _, err := c.root(ctx, checkpoint); err != nil {
+		return nil, err
+	}
+	keys, err := c.store.List(ctx, checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	out := []File{}
+	for _, k := range keys {
+		name := strings.TrimPrefix(k, checkpoint+"/")
+		if !servable(name) {
+			continue
+		}
+		f, err := c.StatFile(ctx, checkpoint, name)
+		if errors.Is(err, ErrFileTooLarge) || errors.Is(err, ErrNoFile) || errors.Is(err, store.ErrInvalidKey) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}

@@ -1,0 +1,120 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/shardsrv/shardsrv/api"
+)
+
+// DeepSeek-V2/V3 as vLLM holds them (vllm/model_executor/models/deepseek_v2.py) with MLA:
+//   - self_attn: with q_lora_rank, fused_qkv_a_proj (q_a_proj and kv_a_proj_with_mqa merged,
+//     disable_tp: every rank holds it whole), q_a_layernorm and q_b_proj (column-parallel);
+//     without it q_proj (column-parallel) and kv_a_proj_with_mqa (replicated); then
+//     kv_a_layernorm, kv_b_proj (column-parallel) and o_proj (row-parallel).
+//   - mlp: layers i >= first_k_dense_replace with i % moe_layer_freq == 0 are sparse: mlp.gate
+//     (the router, replicated, never quantized), mlp.gate.e_score_correction_bias (float32, when
+//     topk_method is noaux_tc), mlp.shared_experts (a TP-split gated MLP of
+//     moe_intermediate_size * n_shared_experts) and mlp.experts; the others a dense mlp.
+//
+// FP8 block-quantized checkpoints keep every quantized linear layer in FP8 with its
+// weight_scale_inv. Multi-token-prediction layers past num_hidden_layers are not part of the model.
+func init() {
+	register("vllm", deepseek, "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+}
+
+func deepseek(m *model) error {
+	layers, err := m.cfg.int("num_hidden_layers", -1)
+	if err != nil {
+		return err
+	}
+	heads, err := m.cfg.int("num_attention_heads", -1)
+	if err != nil {
+		return err
+	}
+	if _, err := divide("num_attention_heads", heads, m.par.TP, "/layout/tensor_parallel_size"); err != nil {
+		return err
+	}
+	experts, err := m.cfg.int("n_routed_experts", 0)
+	if err != nil {
+		return err
+	}
+	firstDense, err := m.cfg.int("first_k_dense_replace", 0)
+	if err != nil {
+		return err
+	}
+	freq, err := m.cfg.int("moe_layer_freq", 1)
+	if err != nil {
+		return err
+	}
+	return m.embedAndHead(func() error {
+		for i := range layers {
+			pre := fmt.Sprintf("model.layers.%d.", i)
+			if err := m.mla(pre + "self_attn."); err != nil {
+				return err
+			}
+			mlp := pre + "mlp."
+			var err error
+			if m.cfg.has("n_routed_experts") && experts > 0 && i >= firstDense && freq > 0 && i%freq == 0 {
+				err = m.deepseekMoE(mlp, experts)
+			} else {
+				err = m.mlp(mlp, mlp, "gate_proj", "up_proj", "down_proj")
+			}
+			if err != nil {
+				return err
+			}
+			if err := m.norm(pre + "input_layernorm.weight"); err != nil {
+				return err
+			}
+			if err := m.norm(pre + "post_attention_layernorm.weight"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (m *model) mla(at string) error {
+	steps := []func() error{}
+	if m.cfg.has("q_lora_rank") {
+		steps = append(steps,
+			func() error { return m.replicatedLinear(at+"fused_qkv_a_proj", at+"q_a_proj", at+"kv_a_proj_with_mqa") },
+			func() error { return m.norm(at + "q_a_layernorm.weight") },
+			func() error { return m.column(at+"q_b_proj", at+"q_b_proj") })
+	} else {
+		steps = append(steps,
+			func() error { return m.column(at+"q_proj", at+"q_proj") },
+			func() error { return m.replicatedLinear(at+"kv_a_proj_with_mqa", at+"kv_a_proj_with_mqa") })
+	}
+	steps = append(steps,
+		func() error { return m.norm(at + "kv_a_layernorm.weight") },
+		func() error { return m.column(at+"kv_b_proj", at+"kv_b_proj") },
+		func() error { return m.rowLinear(at+"o_proj", at+"o_proj") })
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *model) deepseekMoE(mlp string, experts int64) error {
+	if err := m.replicated(mlp+"gate.weight", mlp+"gate.weight", m.dtype); err != nil {
+		return err
+	}
+	if m.cfg.str("topk_method") == "noaux_tc" {
+		if err := m.replicated(mlp+"gate.e_score_correction_bias", mlp+"gate.e_score_correction_bias", api.F32); err != nil {
+			return err
+		}
+	}
+	if shared, err := m.cfg.int("n_shared_experts", 0); err != nil {
+		return err
+	} else if shared > 0 {
+		if err := m.mlp(mlp+"shared_experts.", mlp+"shared_experts.", "gate_proj", "up_proj", "down_proj"); err != nil {
+			return err
+		}
+	}
+	return m.experts(mlp+"experts.", experts, func(e int64) (string, string, string) {
+		ex := fmt.Sprintf("%sexperts.%d.", mlp, e)
+		return ex + "gate_proj", ex + "up_proj", ex + "down_proj"
+	})
+}

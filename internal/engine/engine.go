@@ -1,0 +1,222 @@
+// Package engine builds the tensors table an inference engine's rank holds, from a checkpoint's
+// config.json and tensor headers. The table is an ordinary shard request (api.TensorRequest), so
+// everything downstream — planner, executor, formats — serves it like one a client wrote.
+//
+// Each destination tensor is one parameter of the rank, named as the engine names it, with the
+// rank's own parameter shape as its shape and one box covering it: what vLLM's ShardedStateLoader
+// saves for the rank, byte for byte. The rules come from the engine's source; each architecture
+// file cites the rule beside the code. The layouts are vLLM v0.10.2's (docs/engines.md says what
+// that covers and what it does not).
+//
+// Adding an architecture is one file: a function over a *model and a register call.
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/shardsrv/shardsrv/api"
+)
+
+// Parallel is the rank a layout is built for: its place in the tensor- and data-parallel groups,
+// and whether experts are spread over ranks (expert parallelism) or split like other weights.
+type Parallel struct {
+	TP, TPRank     int64
+	DP, DPRank     int64
+	ExpertParallel bool
+}
+
+// Spec is a layout request.
+type Spec struct {
+	Engine string
+	Parallel
+	// DType is the dtype the engine runs in; empty means the checkpoint's torch_dtype.
+	DType api.DType
+}
+
+// TensorInfo is what a layout needs of a checkpoint tensor.
+type TensorInfo struct {
+	DType string
+	Shape []int64
+}
+
+// Error is a layout that cannot be built. Pointer points into the request body (for example
+// /layout/tensor_parallel_size) when the request is at fault, and is empty when the checkpoint is.
+type Error struct {
+	Pointer string
+	Detail  string
+}
+
+func (e *Error) Error() string {
+	if e.Pointer == "" {
+		return e.Detail
+	}
+	return e.Pointer + ": " + e.Detail
+}
+
+// architecture lays out one model class.
+type architecture func(m *model) error
+
+var engines = map[string]map[string]architecture{}
+
+func register(engine string, build architecture, archs ...string) {
+	if engines[engine] == nil {
+		engines[engine] = map[string]architecture{}
+	}
+	for _, a := range archs {
+		engines[engine][a] = build
+	}
+}
+
+// Engines lists the engines and, for each, the architectures it lays out (sorted).
+func Engines() map[string][]string {
+	out := map[string][]string{}
+	for e, archs := range engines {
+		for a := range archs {
+			out[e] = append(out[e], a)
+		}
+		sort.Strings(out[e])
+	}
+	return out
+}
+
+// Build returns the tensors the rank holds, in the engine's parameter order.
+func Build(spec Spec, config []byte, tensors map[string]TensorInfo) ([]api.TensorRequest, error) {
+	archs, ok := engines[spec.Engine]
+	if !ok {
+		return nil, &Error{"/layout/engine", fmt.Sprintf("unknown engine %q; this server lays out %s", spec.Engine, names(engines))}
+	}
+	if err := spec.Parallel.check(); err != nil {
+		return nil, err
+	}
+	cfg, err := parseConfig(config)
+	if err != nil {
+		return nil, err
+	}
+	arch := cfg.architecture()
+	build, ok := archs[arch]
+	if !ok {
+		return nil, &Error{"/layout/engine", fmt.Sprintf("the checkpoint's architecture %q has no %s layout here; supported: %s",
+			arch, spec.Engine, strings.Join(Engines()[spec.Engine], ", "))}
+	}
+	m := &model{cfg: cfg, tensors: tensors, par: spec.Parallel}
+	if m.dtype, err = cfg.dtype(spec.DType); err != nil {
+		return nil, err
+	}
+	if err := m.readQuantization(); err != nil {
+		return nil, err
+	}
+	if err := build(m); err != nil {
+		return nil, err
+	}
+	return m.out, nil
+}
+
+func names[V any](m map[string]V) string {
+	var out []string
+	for k := range m {
+		out = append(out, fmt.Sprintf("%q", k))
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", ")
+}
+
+func (p Parallel) check() error {
+	switch {
+	case p.TP < 1:
+		return &Error{"/layout/tensor_parallel_size", fmt.Sprintf("must be at least 1, got %d", p.TP)}
+	case p.TPRank < 0 || p.TPRank >= p.TP:
+		return &Error{"/layout/tp_rank", fmt.Sprintf("rank %d is not in [0, %d)", p.TPRank, p.TP)}
+	case p.DP < 1:
+		return &Error{"/layout/data_parallel_size", fmt.Sprintf("must be at least 1, got %d", p.DP)}
+	case p.DPRank < 0 || p.DPRank >= p.DP:
+		return &Error{"/layout/dp_rank", fmt.Sprintf("rank %d is not in [0, %d)", p.DPRank, p.DP)}
+	}
+	return nil
+}
+
+// config is a Hugging Face config.json.
+type config map[string]any
+
+func parseConfig(b []byte) (config, error) {
+	var c config
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, &Error{"", fmt.Sprintf("config.json is not a JSON object: %v", err)}
+	}
+	return c, nil
+}
+
+func (c config) architecture() string {
+	if a, ok := c["architectures"].([]any); ok && len(a) > 0 {
+		if s, ok := a[0].(string); ok {
+			return s
+		}
+	}
+	return ""
+}
+
+// has reports whether key is set and not null.
+func (c config) has(key string) bool { return c[key] != nil }
+
+// int reads an integer field; missing or null fields take def, or are an error when def < 0.
+func (c config) int(key string, def int64) (int64, error) {
+	v, ok := c[key]
+	if !ok || v == nil {
+		if def < 0 {
+			return 0, &Error{"", fmt.Sprintf("config.json has no %q", key)}
+		}
+		return def, nil
+	}
+	f, ok := v.(float64)
+	if !ok || f != float64(int64(f)) || f < 0 {
+		return 0, &Error{"", fmt.Sprintf("config.json's %q is %v, not a non-negative integer", key, v)}
+	}
+	return int64(f), nil
+}
+
+func (c config) bool(key string) bool {
+	b, _ := c[key].(bool)
+	return b
+}
+
+func (c config) str(key string) string {
+	s, _ := c[key].(string)
+	return s
+}
+
+func (c config) ints(key string) ([]int64, error) {
+	raw, _ := c[key].([]any)
+	out := make([]int64, len(raw))
+	for i, v := range raw {
+		f, ok := v.(float64)
+		if !ok || f != float64(int64(f)) {
+			return nil, &Error{"", fmt.Sprintf("config.json's %q holds %v, not an integer", key, v)}
+		}
+		out[i] = int64(f)
+	}
+	return out, nil
+}
+
+var torchDTypes = map[string]api.DType{"bfloat16": api.BF16, "float16": api.F16, "half": api.F16, "float32": api.F32, "float": api.F32}
+
+// dtype is the dtype the engine holds unquantized weights in: the request's, else the config's
+// torch_dtype (newer configs call it dtype).
+func (c config) dtype(requested api.DType) (api.DType, error) {
+	if requested != "" {
+		switch requested {
+		case api.BF16, api.F16, api.F32:
+			return requested, nil
+		}
+		return "", &Error{"/layout/dtype", fmt.Sprintf("an engine runs in BF16, F16 or F32, not %s", requested)}
+	}
+	name := c.str("torch_dtype")
+	if name == "" {
+		name = c.str("dtype")
+	}
+	if d, ok := torchDTypes[name]; ok {
+		return d, nil
+	}
+	return "", &Error{"/layout/dtype", fmt.Sprintf("config.json's torch_dtype is %q; name the dtype the engine runs in", name)}
+}

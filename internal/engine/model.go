@@ -1,0 +1,362 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/shardsrv/shardsrv/api"
+)
+
+// model accumulates the parameters of one rank.
+type model struct {
+	cfg     config
+	tensors map[string]TensorInfo
+	par     Parallel
+	dtype   api.DType
+	// blockN and blockK are the FP8 scale block (quantization_config.weight_block_size); zero
+	// when the checkpoint is not block-quantized.
+	blockN, blockK int64
+	out            []api.TensorRequest
+}
+
+func (m *model) readQuantization() error {
+	q, _ := m.cfg["quantization_config"].(map[string]any)
+	if q == nil {
+		return nil
+	}
+	block, err := config(q).ints("weight_block_size")
+	if err != nil {
+		return err
+	}
+	if method := config(q).str("quant_method"); method != "fp8" || len(block) != 2 || block[0] < 1 || block[1] < 1 {
+		return &Error{"", fmt.Sprintf("quantization %q with weight_block_size %v is not laid out here; block-quantized FP8 is", method, block)}
+	}
+	m.blockN, m.blockK = block[0], block[1]
+	return nil
+}
+
+// shape returns a checkpoint tensor's shape, checking its rank.
+func (m *model) shape(name string, dims int) ([]int64, error) {
+	t, ok := m.tensors[name]
+	if !ok {
+		return nil, &Error{"", fmt.Sprintf("the checkpoint has no tensor %q, which the architecture needs", name)}
+	}
+	if len(t.Shape) != dims {
+		return nil, &Error{"", fmt.Sprintf("%q has shape %v, not %d-d", name, t.Shape, dims)}
+	}
+	return t.Shape, nil
+}
+
+func (m *model) has(name string) bool { _, ok := m.tensors[name]; return ok }
+
+// divide is vLLM's divide(): an exact split or a 422 naming what does not split.
+func divide(what string, n, parts int64, pointer string) (int64, error) {
+	if parts < 1 || n%parts != 0 {
+		return 0, &Error{pointer, fmt.Sprintf("%s (%d) does not split evenly over %d ranks", what, n, parts)}
+	}
+	return n / parts, nil
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// param is one destination tensor under construction: the rank's parameter, whole.
+type param struct{ t *api.TensorRequest }
+
+func (m *model) param(name string, dtype api.DType, shape ...int64) param {
+	blocks := []api.Block{}
+	m.out = append(m.out, api.TensorRequest{Name: name, Dtype: dtype, Shape: shape, Blocks: &blocks,
+		Boxes: []api.Box{{Offsets: make([]int64, len(shape)), Lengths: shape}}})
+	return param{&m.out[len(m.out)-1]}
+}
+
+// place copies the box of src starting at base with the given lengths (one per source dimension)
+// to dst, which may have leading dimensions the source lacks (the expert index of stacked
+// experts); those are one long.
+func (p param) place(src string, dst, base, lengths []int64) {
+	lead := len(dst) - len(base)
+	coeff := make([][]int64, len(base))
+	full := make([]int64, len(dst))
+	for i := range full {
+		full[i] = 1
+	}
+	for s := range coeff {
+		coeff[s] = make([]int64, len(dst))
+		coeff[s][lead+s] = 1
+		full[lead+s] = lengths[s]
+	}
+	*p.t.Blocks = append(*p.t.Blocks, api.Block{Offsets: dst, Lengths: full, Source: src, Base: base, Coeff: coeff})
+}
+
+// replicated is a checkpoint tensor every rank holds whole, in dtype.
+func (m *model) replicated(name, src string, dtype api.DType) error {
+	t, ok := m.tensors[src]
+	if !ok {
+		_, err := m.shape(src, 0)
+		return err
+	}
+	p := m.param(name, dtype, t.Shape...)
+	p.place(src, make([]int64, len(t.Shape)), make([]int64, len(t.Shape)), t.Shape)
+	return nil
+}
+
+// norm is a replicated layer-norm weight in the model dtype.
+func (m *model) norm(name string) error { return m.replicated(name, name, m.dtype) }
+
+// vocabParallel lays out VocabParallelEmbedding / ParallelLMHead (vllm/model_executor/layers/
+// vocab_parallel_embedding.py): the vocabulary is padded to a multiple of 64 (pad_vocab_size,
+// DEFAULT_VOCAB_PADDING_SIZE) and then divided by TP; rank r holds padded rows [r*per, (r+1)*per)
+// and the rows past the real vocabulary are zeros (weight_loader fills them).
+func (m *model) vocabParallel(name, src string) error {
+	sh, err := m.shape(src, 2)
+	if err != nil {
+		return err
+	}
+	vocab, hidden := sh[0], sh[1]
+	padded := ceilDiv(vocab, 64) * 64
+	per, err := divide("the padded vocabulary", padded, m.par.TP, "/layout/tensor_parallel_size")
+	if err != nil {
+		return err
+	}
+	start := m.par.TPRank * per
+	p := m.param(name, m.dtype, per, hidden)
+	if real := min(per, vocab-start); real > 0 {
+		p.place(src, []int64{0, 0}, []int64{start, 0}, []int64{real, hidden})
+	}
+	if start+per > vocab {
+		zero := 0.0
+		p.t.Fill = &zero
+	}
+	return nil
+}
+
+// slab is the rows [index*n, (index+1)*n) of a linear layer's output features: one part of a
+// (merged) column-parallel layer as the rank holds it.
+type slab struct {
+	module   string // the checkpoint module, e.g. model.layers.0.self_attn.q_proj
+	index, n int64
+}
+
+// quantized reports whether a checkpoint module is FP8 block-quantized: its weight has a
+// weight_scale_inv beside it.
+func (m *model) quantized(module string) bool {
+	return m.blockN > 0 && m.has(module+".weight_scale_inv")
+}
+
+// weightDType is the dtype a linear layer's weight keeps: the checkpoint's when quantized.
+func (m *model) weightDType(module string) api.DType {
+	if m.quantized(module) {
+		return api.DType(m.tensors[module+".weight"].DType)
+	}
+	return m.dtype
+}
+
+// columnLinear lays out a (merged) column-parallel linear layer — ColumnParallelLinear,
+// MergedColumnParallelLinear, QKVParallelLinear (vllm/model_executor/layers/linear.py) — as the
+// concatenation of its parts' slabs; tp is the layer's TP size (1 with disable_tp). The bias, when
+// the checkpoint has one, and an FP8 weight_scale_inv follow the weight: scale slabs in block units,
+// at ceil(offset/block_n) as the block-quant branch of the weight loaders places them.
+func (m *model) columnLinear(name string, tp int64, parts ...slab) error {
+	var in, rows, total int64
+	var sizes []int64
+	quant := m.quantized(parts[0].module)
+	for i, s := range parts {
+		sh, err := m.shape(s.module+".weight", 2)
+		if err != nil {
+			return err
+		}
+		if i > 0 && sh[1] != in {
+			return &Error{"", fmt.Sprintf("%s.weight has %d input features where %s.weight has %d", s.module, sh[1], parts[0].module, in)}
+		}
+		if m.quantized(s.module) != quant {
+			return &Error{"", fmt.Sprintf("%s and %s are fused by the engine but only one is quantized", s.module, parts[0].module)}
+		}
+		if (s.index+1)*s.n > sh[0] {
+			return &Error{"", fmt.Sprintf("%s.weight has %d rows; the rank needs rows up to %d", s.module, sh[0], (s.index+1)*s.n)}
+		}
+		in, rows, total = sh[1], rows+s.n, total+sh[0]
+		sizes = append(sizes, s.n)
+	}
+	if quant {
+		if err := m.checkBlockShape(name, tp, in, in, total, sizes); err != nil {
+			return err
+		}
+	}
+	w := m.param(name+".weight", m.weightDType(parts[0].module), rows, in)
+	var at int64
+	for _, s := range parts {
+		w.place(s.module+".weight", []int64{at, 0}, []int64{s.index * s.n, 0}, []int64{s.n, in})
+		at += s.n
+	}
+	if m.has(parts[0].module + ".bias") {
+		b := m.param(name+".bias", m.dtype, rows)
+		at = 0
+		for _, s := range parts {
+			b.place(s.module+".bias", []int64{at}, []int64{s.index * s.n}, []int64{s.n})
+			at += s.n
+		}
+	}
+	if quant {
+		cols := ceilDiv(in, m.blockK)
+		sc := m.param(name+".weight_scale_inv", api.F32, ceilDiv(rows, m.blockN), cols)
+		at = 0
+		for _, s := range parts {
+			n := ceilDiv(s.n, m.blockN)
+			sc.place(s.module+".weight_scale_inv", []int64{ceilDiv(at, m.blockN), 0}, []int64{s.index * n, 0}, []int64{n, cols})
+			at += s.n
+		}
+	}
+	return nil
+}
+
+// rowLinear lays out RowParallelLinear: rank r holds input features [r*in/tp, (r+1)*in/tp).
+func (m *model) rowLinear(name, module string) error {
+	sh, err := m.shape(module+".weight", 2)
+	if err != nil {
+		return err
+	}
+	out, in := sh[0], sh[1]
+	per, err := divide(module+"'s input features", in, m.par.TP, "/layout/tensor_parallel_size")
+	if err != nil {
+		return err
+	}
+	quant := m.quantized(module)
+	if quant {
+		if err := m.checkBlockShape(name, m.par.TP, in, per, out, []int64{out}); err != nil {
+			return err
+		}
+	}
+	w := m.param(name+".weight", m.weightDType(module), out, per)
+	w.place(module+".weight", []int64{0, 0}, []int64{0, m.par.TPRank * per}, []int64{out, per})
+	if quant {
+		rows, n := ceilDiv(out, m.blockN), ceilDiv(per, m.blockK)
+		sc := m.param(name+".weight_scale_inv", api.F32, rows, n)
+		sc.place(module+".weight_scale_inv", []int64{0, 0}, []int64{0, m.par.TPRank * n}, []int64{rows, n})
+	}
+	if m.has(module + ".bias") { // added once, after the reduction: every rank holds it whole
+		return m.replicated(name+".bias", module+".bias", m.dtype)
+	}
+	return nil
+}
+
+// checkBlockShape refuses what vLLM's block-FP8 create_weights refuses
+// (validate_fp8_block_shape in layers/quantization/fp8.py): a TP split of the input features that
+// is not whole blocks, and output partitions (all of a TP split, all but the last of a merged
+// layer) that are not whole blocks — a scale block straddling a rank or part boundary.
+func (m *model) checkBlockShape(name string, tp, in, inPart, out int64, outParts []int64) error {
+	if tp > 1 && in/inPart == tp && inPart%m.blockK != 0 {
+		return &Error{"/layout/tensor_parallel_size", fmt.Sprintf(
+			"%s: the rank's %d input features are not whole FP8 scale blocks of %d (vLLM refuses this split)", name, inPart, m.blockK)}
+	}
+	var sum int64
+	for _, p := range outParts {
+		sum += p
+	}
+	split := tp > 1 && out/sum == tp
+	check := outParts
+	if !split && len(outParts) > 1 {
+		check = outParts[:len(outParts)-1]
+	} else if !split {
+		check = nil
+	}
+	for _, p := range check {
+		if p%m.blockN != 0 {
+			return &Error{"/layout/tensor_parallel_size", fmt.Sprintf(
+				"%s: an output partition of %d features is not whole FP8 scale blocks of %d (vLLM refuses this split)", name, p, m.blockN)}
+		}
+	}
+	return nil
+}
+
+// column is a plain ColumnParallelLinear over TP.
+func (m *model) column(name, module string) error {
+	sh, err := m.shape(module+".weight", 2)
+	if err != nil {
+		return err
+	}
+	per, err := divide(module+"'s output features", sh[0], m.par.TP, "/layout/tensor_parallel_size")
+	if err != nil {
+		return err
+	}
+	return m.columnLinear(name, m.par.TP, slab{module, m.par.TPRank, per})
+}
+
+// replicatedLinear is ReplicatedLinear, or a merged layer with disable_tp: the parts whole.
+func (m *model) replicatedLinear(name string, modules ...string) error {
+	parts := make([]slab, len(modules))
+	for i, mod := range modules {
+		sh, err := m.shape(mod+".weight", 2)
+		if err != nil {
+			return err
+		}
+		parts[i] = slab{mod, 0, sh[0]}
+	}
+	return m.columnLinear(name, 1, parts...)
+}
+
+// gateUp is MergedColumnParallelLinear over [gate, up] (the MLPs' gate_up_proj): [gate_r; up_r].
+func (m *model) gateUp(name, gate, up string) error {
+	sh, err := m.shape(gate+".weight", 2)
+	if err != nil {
+		return err
+	}
+	per, err := divide(gate+"'s intermediate size", sh[0], m.par.TP, "/layout/tensor_parallel_size")
+	if err != nil {
+		return err
+	}
+	return m.columnLinear(name, m.par.TP, slab{gate, m.par.TPRank, per}, slab{up, m.par.TPRank, per})
+}
+
+// mlp is a dense gated MLP: gate_up_proj column-parallel, down_proj row-parallel.
+func (m *model) mlp(dst, src, gate, up, down string) error {
+	if err := m.gateUp(dst+"gate_up_proj", src+gate, src+up); err != nil {
+		return err
+	}
+	return m.rowLinear(dst+"down_proj", src+down)
+}
+
+// qkv is QKVParallelLinear over q_proj, k_proj and v_proj (the bias too, when the checkpoint has
+// one): rank r holds [q_r; k_r; v_r]. With more ranks than KV heads each KV head is replicated
+// over TP/kv ranks and rank r holds KV head r / (TP/kv).
+func (m *model) qkv(dst, src string, heads, kvHeads, headDim int64) error {
+	tp, r := m.par.TP, m.par.TPRank
+	q, err := divide("num_attention_heads", heads, tp, "/layout/tensor_parallel_size")
+	if err != nil {
+		return err
+	}
+	kvIndex, kvLocal := r, int64(0)
+	if tp >= kvHeads {
+		replicas, err := divide("the ranks replicating num_key_value_heads", tp, kvHeads, "/layout/tensor_parallel_size")
+		if err != nil {
+			return err
+		}
+		kvIndex, kvLocal = r/replicas, 1
+	} else if kvLocal, err = divide("num_key_value_heads", kvHeads, tp, "/layout/tensor_parallel_size"); err != nil {
+		return err
+	}
+	return m.columnLinear(dst+"qkv_proj", tp,
+		slab{src + "q_proj", r, q * headDim}, slab{src + "k_proj", kvIndex, kvLocal * headDim}, slab{src + "v_proj", kvIndex, kvLocal * headDim})
+}
+
+// embedAndHead lays out the vocabulary embedding, the layers, the final norm and the LM head. With
+// tied embeddings lm_head and embed_tokens are one parameter, and ShardedStateLoader's
+// _filter_subtensors keeps the smaller key, "lm_head.weight", at the embedding's place in the
+// state dict: the rank holds it first, under that name only.
+func (m *model) embedAndHead(layers func() error) error {
+	tied := m.cfg.bool("tie_word_embeddings")
+	embed := "model.embed_tokens.weight"
+	if tied {
+		embed = "lm_head.weight"
+	}
+	if err := m.vocabParallel(embed, "model.embed_tokens.weight"); err != nil {
+		return err
+	}
+	if err := layers(); err != nil {
+		return err
+	}
+	if err := m.norm("model.norm.weight"); err != nil {
+		return err
+	}
+	if tied {
+		return nil
+	}
+	return m.vocabParallel("lm_head.weight", "lm_head.weight")
+}

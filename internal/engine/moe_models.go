@@ -1,0 +1,73 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Mixture-of-experts decoders with Llama's attention:
+//   - MixtralForCausalLM (models/mixtral.py): block_sparse_moe.gate (the router, replicated) and
+//     block_sparse_moe.experts from the checkpoint's experts.N.w1 (gate), w3 (up), w2 (down).
+//   - Qwen2MoeForCausalLM (models/qwen2_moe.py): a sparse layer where the layer is not in
+//     mlp_only_layers and (i+1) % decoder_sparse_step == 0, else a dense mlp; sparse layers hold
+//     mlp.gate, mlp.experts, and when shared_expert_intermediate_size > 0 mlp.shared_expert (a
+//     TP-split gated MLP) and mlp.shared_expert_gate [1, H] (replicated).
+//   - Qwen3MoeForCausalLM (models/qwen3_moe.py): the same sparse rule, no shared expert.
+func init() {
+	register("vllm", mixtral, "MixtralForCausalLM")
+	register("vllm", qwenMoE, "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+}
+
+func mixtral(m *model) error {
+	experts, err := m.cfg.int("num_local_experts", -1)
+	if err != nil {
+		return err
+	}
+	return m.decoder(func(i int64, pre string) error {
+		moe := pre + "block_sparse_moe."
+		if err := m.replicated(moe+"gate.weight", moe+"gate.weight", m.dtype); err != nil {
+			return err
+		}
+		return m.experts(moe+"experts.", experts, func(e int64) (string, string, string) {
+			ex := fmt.Sprintf("%sexperts.%d.", moe, e)
+			return ex + "w1", ex + "w3", ex + "w2"
+		})
+	})
+}
+
+func qwenMoE(m *model) error {
+	experts, err := m.cfg.int("num_experts", -1)
+	if err != nil {
+		return err
+	}
+	step, err := m.cfg.int("decoder_sparse_step", 1)
+	if err != nil {
+		return err
+	}
+	dense, err := m.cfg.ints("mlp_only_layers")
+	if err != nil {
+		return err
+	}
+	return m.decoder(func(i int64, pre string) error {
+		mlp := pre + "mlp."
+		if slices.Contains(dense, i) || experts == 0 || step == 0 || (i+1)%step != 0 {
+			return m.mlp(mlp, mlp, "gate_proj", "up_proj", "down_proj")
+		}
+		if err := m.replicated(mlp+"gate.weight", mlp+"gate.weight", m.dtype); err != nil {
+			return err
+		}
+		if err := m.experts(mlp+"experts.", experts, func(e int64) (string, string, string) {
+			ex := fmt.Sprintf("%sexperts.%d.", mlp, e)
+			return ex + "gate_proj", ex + "up_proj", ex + "down_proj"
+		}); err != nil {
+			return err
+		}
+		if shared, err := m.cfg.int("shared_expert_intermediate_size", 0); err != nil || shared == 0 {
+			return err
+		}
+		if err := m.mlp(mlp+"shared_expert.", mlp+"shared_expert.", "gate_proj", "up_proj", "down_proj"); err != nil {
+			return err
+		}
+		return m.replicated(mlp+"shared_expert_gate.weight", mlp+"shared_expert_gate.weight", m.dtype)
+	})
+}

@@ -1,0 +1,141 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/engine"
+)
+
+// configFile is the Hugging Face config a layout is built from.
+const configFile = "config.json"
+
+// expandLayout turns a request's layout into the tensors table it stands for, from the
+// checkpoint's config.json and headers.
+func (s *Server) expandLayout(ctx context.Context, req *api.ShardRequest, ck *checkpoint.Checkpoint) error {
+	if req.Layout == nil {
+		return nil
+	}
+	if len(req.Tensors) > 0 {
+		return &Problem{Status: http.StatusBadRequest, Slug: "malformed-request", Title: "The request does not follow the schema",
+			Detail: "a request carries either tensors (a table) or layout (an engine's rank), not both",
+			Errors: []api.FieldError{{Pointer: "/layout", Detail: "drop tensors or layout"}}}
+	}
+	config, err := s.cfg.Catalog.ReadFile(ctx, req.Checkpoint, configFile)
+	if errors.Is(err, checkpoint.ErrNoFile) {
+		return &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-layout", Title: "The layout cannot be built",
+			Detail: "the checkpoint has no config.json, which a layout is built from; send a tensors table instead",
+			Errors: []api.FieldError{{Pointer: "/layout", Detail: "the checkpoint has no config.json"}}}
+	}
+	if err != nil {
+		return err
+	}
+	infos := make(map[string]engine.TensorInfo, len(ck.Tensors))
+	for name, t := range ck.Tensors {
+		infos[name] = engine.TensorInfo{DType: t.DTypeName, Shape: t.Shape}
+	}
+	l := req.Layout
+	spec := engine.Spec{Engine: string(l.Engine), Parallel: engine.Parallel{
+		TP: orDefault(l.TensorParallelSize, 1), TPRank: orDefault(l.TpRank, 0),
+		DP: orDefault(l.DataParallelSize, 1), DPRank: orDefault(l.DpRank, 0),
+		ExpertParallel: l.EnableExpertParallel != nil && *l.EnableExpertParallel}}
+	if l.Dtype != nil {
+		spec.DType = *l.Dtype
+	}
+	_, span := s.tracer.Start(ctx, "layout")
+	req.Tensors, err = engine.Build(spec, config, infos)
+	span.End()
+	return err
+}
+
+func orDefault[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// PostLayouts answers the explicit table a layout expands to.
+func (s *Server) PostLayouts(w http.ResponseWriter, r *http.Request) {
+	var body api.LayoutRequest
+	if p := s.decodeJSON(w, r, &body); p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	req := api.ShardRequest{Checkpoint: body.Checkpoint, Layout: &body.Layout}
+	ck, err := s.cfg.Catalog.Open(r.Context(), req.Checkpoint)
+	if err == nil {
+		err = s.expandLayout(r.Context(), &req, ck)
+	}
+	if err != nil {
+		writeProblem(w, r, toProblem(err))
+		return
+	}
+	writeJSON(w, api.LayoutResponse{Checkpoint: ck.Name, Tensors: req.Tensors})
+}
+
+// ListFiles lists a checkpoint's small files.
+func (s *Server) ListFiles(w http.ResponseWriter, r *http.Request, name string) {
+	files, err := s.cfg.Catalog.Files(r.Context(), name)
+	if err != nil {
+		writeProblem(w, r, toProblem(err))
+		return
+	}
+	out := api.FileList{Checkpoint: name, Files: []api.FileInfo{}}
+	for _, f := range files {
+		out.Files = append(out.Files, api.FileInfo{Name: f.Name, Size: f.Size})
+	}
+	writeJSON(w, out)
+}
+
+// fileChunk is the piece a small file is streamed in: no file is held whole in memory.
+const fileChunk = 1 << 20
+
+// GetFile streams one of a checkpoint's small files, every piece read at the version its Stat saw.
+func (s *Server) GetFile(w http.ResponseWriter, r *http.Request, name, file string) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
+	defer cancel()
+	f, err := s.cfg.Catalog.StatFile(ctx, name, file)
+	if err != nil {
+		writeProblem(w, r, toProblem(err))
+		return
+	}
+	buf := make([]byte, min(f.Size, fileChunk))
+	read := func(off int64) ([]byte, error) {
+		p := buf[:min(int64(len(buf)), f.Size-off)]
+		return p, s.cfg.Catalog.Store().ReadAt(ctx, f.Key, f.Version, p, off)
+	}
+	first, err := read(0)
+	if err != nil {
+		writeProblem(w, r, toProblem(err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(f.Size, 10))
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	for off, p := int64(0), first; ; {
+		rc.SetWriteDeadline(time.Now().Add(s.cfg.Limits.WriteTimeout))
+		if _, err = w.Write(p); err == nil {
+			off += int64(len(p))
+			if off == f.Size {
+				return
+			}
+			p, err = read(off)
+		}
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, io.ErrClosedPipe) {
+				s.log.Error("aborting a file after its headers were sent", "err", err, "file", f.Key, "request_id", middleware.GetReqID(ctx))
+			}
+			panic(http.ErrAbortHandler)
+		}
+	}
+}
