@@ -22,13 +22,19 @@ type FieldError struct {
 type ValidationError struct {
 	Schema bool
 	Errors []FieldError
+	// Total counts every error found; Errors holds the first maxErrors of them.
+	Total int
 }
 
 func (e *ValidationError) Error() string {
 	if len(e.Errors) == 0 {
 		return "invalid request"
 	}
-	return fmt.Sprintf("%s: %s (and %d more)", e.Errors[0].Pointer, e.Errors[0].Detail, len(e.Errors)-1)
+	msg := e.Errors[0].Pointer + ": " + e.Errors[0].Detail
+	if more := e.Total - 1; more > 0 {
+		msg += fmt.Sprintf(" (and %d more)", more)
+	}
+	return msg
 }
 
 // maxErrors caps the list a client gets back: enough to fix a table, not a megabyte of problems.
@@ -42,6 +48,7 @@ func (e *errs) schema(ptr, format string, args ...any) {
 }
 
 func (e *errs) add(ptr, format string, args ...any) {
+	e.Total++
 	if len(e.Errors) < maxErrors {
 		e.Errors = append(e.Errors, FieldError{Pointer: ptr, Detail: fmt.Sprintf(format, args...)})
 	}

@@ -132,9 +132,13 @@ func TestInvalidRequestsAreProblems(t *testing.T) {
 			{"malformed JSON", `{"checkpoint":`, 400, ""},
 			{"empty body", ``, 400, ""},
 			{"not an object", `[1]`, 400, ""},
-			{"unknown field", `{"checkpoint":"m","tensors":[],"extra":1}`, 400, ""},
+			{"unknown field", `{"checkpoint":"m","tensors":[],"extra":1}`, 400, "/extra"},
+			{"nested unknown field", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1],"x":1}]}]}`, 400, "/tensors/0/boxes/0/x"},
+			{"tensors and layout", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1]}]}],"layout":{"engine":"vllm"}}`, 400, "/layout"},
+			{"layout without config.json", `{"checkpoint":"m","layout":{"engine":"vllm"}}`, 422, "/layout"},
+			{"layout type", `{"checkpoint":"m","layout":{"engine":"vllm","tp_rank":"1"}}`, 400, "/layout/tp_rank"},
 			{"trailing data", `{"checkpoint":"m","tensors":[]} {}`, 400, ""},
-			{"wrong type", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":"x","boxes":[]}]}`, 400, "/tensors/shape"},
+			{"wrong type", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":"x","boxes":[]}]}`, 400, "/tensors/0/shape"},
 			{"huge integer", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[99999999999999999999],"boxes":[]}]}`, 400, ""},
 			{"no checkpoint", `{"tensors":[]}`, 400, "/checkpoint"},
 			{"no tensors", shardReq("m"), 400, "/tensors"},
@@ -174,6 +178,9 @@ func TestInvalidRequestsAreProblems(t *testing.T) {
 					res := h.do("POST", path, c.body)
 					if res.status != c.status || res.header.Get("Content-Type") != "application/problem+json" || res.problem.Status != c.status || res.problem.Title == "" {
 						t.Fatalf("%s: %d %s, want a %d problem", path, res.status, res.body, c.status)
+					}
+					if body := string(res.body); strings.Contains(body, "(and 0 more)") || strings.Contains(body, "api.") {
+						t.Errorf("%s: the problem leaks a Go type or counts nothing: %s", path, body)
 					}
 					if c.pointer != "" && (res.problem.Errors == nil || !slices.ContainsFunc(*res.problem.Errors, func(e api.FieldError) bool { return e.Pointer == c.pointer })) {
 						t.Errorf("%s: errors %s, want pointer %s", path, res.body, c.pointer)

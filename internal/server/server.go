@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -123,9 +125,12 @@ func (s *Server) Handler() http.Handler {
 
 // decodeJSON reads a request body strictly: unknown fields, trailing data and wrong types are 400s.
 func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	if err == nil {
+		err = dec.Decode(v)
+	}
 	if err == nil && dec.More() {
 		err = errors.New("the body holds more than one JSON value")
 	}
@@ -146,16 +151,18 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Prob
 	case errors.As(err, &tooBig):
 		return &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "body-too-large", Title: "Request body too large",
 			Detail: fmt.Sprintf("the body is over %d bytes; split the request", tooBig.Limit)}
-	case errors.As(err, &typeErr):
-		ptr := "/" + strings.ReplaceAll(typeErr.Field, ".", "/")
-		return bad(err.Error(), api.FieldError{Pointer: ptr, Detail: fmt.Sprintf("expected %s, got a JSON %s", typeErr.Type, typeErr.Value)})
 	case errors.As(err, &syntax):
 		return bad(fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
 	case errors.Is(err, io.EOF):
 		return bad("the body is empty; send a JSON request")
-	default:
-		return bad(err.Error())
 	}
+	if ptr, detail, ok := schemaError(body, reflect.TypeOf(v)); ok {
+		return bad(ptr+": "+detail, api.FieldError{Pointer: ptr, Detail: detail})
+	}
+	if errors.As(err, &typeErr) {
+		return bad("a value has the wrong JSON type", api.FieldError{Pointer: "/" + strings.ReplaceAll(typeErr.Field, ".", "/"), Detail: "wrong JSON type"})
+	}
+	return bad(err.Error())
 }
 
 // decode reads a shard request and checks what needs no checkpoint: a name, and the size limits.
