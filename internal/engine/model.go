@@ -110,8 +110,17 @@ func (m *model) vocabParallel(name, src string) error {
 	if err != nil {
 		return err
 	}
+	return m.vocabRows(name, src, ceilDiv(sh[0], 64)*64)
+}
+
+// vocabRows splits a [vocab, hidden] tensor padded to padded rows by rows over TP; rows past the
+// real vocabulary are zeros.
+func (m *model) vocabRows(name, src string, padded int64) error {
+	sh, err := m.shape(src, 2)
+	if err != nil {
+		return err
+	}
 	vocab, hidden := sh[0], sh[1]
-	padded := ceilDiv(vocab, 64) * 64
 	per, err := divide("the padded vocabulary", padded, m.par.TP, "/layout/tensor_parallel_size")
 	if err != nil {
 		return err
