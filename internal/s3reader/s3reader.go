@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -342,22 +343,22 @@ func code(err error) string {
 	return ""
 }
 
-// transient reports errors worth another attempt: 5xx, throttling, time-outs of one attempt,
-// connections reset or refused, bodies that broke off.
+// sdkRetryable is the SDK's own classification of retryable errors: 500/502/503/504, 429,
+// throttling and time-out codes, connections reset or refused — but not a host that does not
+// resolve, or a request the caller cancelled.
+var sdkRetryable = retry.NewStandard()
+
+// transient reports errors worth another attempt: what the SDK retries, S3's SlowDown, an attempt
+// that timed out, and a body that broke off (which this package resumes).
 func transient(err error) bool {
 	var be *bodyError
 	switch {
-	case errors.As(err, &be), errors.Is(err, context.DeadlineExceeded):
-		return true
-	case status(err) >= 500, status(err) == http.StatusTooManyRequests:
-		return true
-	case code(err) == "SlowDown" || code(err) == "RequestTimeout" || code(err) == "ThrottlingException":
+	case err == nil:
+		return false
+	case errors.As(err, &be), errors.Is(err, context.DeadlineExceeded), code(err) == "SlowDown":
 		return true
 	}
-	var netErr net.Error
-	var opErr *net.OpError
-	return errors.As(err, &netErr) || errors.As(err, &opErr) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		strings.Contains(err.Error(), "connection reset") || strings.Contains(err.Error(), "EOF")
+	return sdkRetryable.IsErrorRetryable(err)
 }
 
 // mapErr turns S3 errors into the store's sentinels, naming the store and never a credential.
@@ -378,7 +379,7 @@ func (s *Store) mapErr(key string, err error) error {
 	case st == http.StatusNotFound || c == "NoSuchKey" || c == "NotFound":
 		return fmt.Errorf("%s: %w", what, store.ErrNotFound)
 	case st == http.StatusForbidden || c == "AccessDenied" || c == "InvalidAccessKeyId" || c == "SignatureDoesNotMatch":
-		return fmt.Errorf("%s: access denied (%s): check the credentials and the bucket policy", what, firstNonEmpty(c, "403"))
+		return fmt.Errorf("%s: %w (%s): check the credentials and the bucket policy", what, store.ErrPermissionDenied, firstNonEmpty(c, "403"))
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w", what, err)
 	case st == http.StatusServiceUnavailable || c == "SlowDown" || st == http.StatusTooManyRequests:

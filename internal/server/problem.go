@@ -72,6 +72,8 @@ func toProblem(err error) *Problem {
 		return &Problem{Status: http.StatusConflict, Slug: "checkpoint-changed", Title: "A checkpoint file changed while it was read", Detail: err.Error() + "; retry the request"}
 	case errors.Is(err, executor.ErrBusy):
 		return &Problem{Status: http.StatusServiceUnavailable, Slug: "busy", Title: "The server is busy", Detail: err.Error() + "; retry shortly", RetryAfter: 1}
+	case errors.Is(err, store.ErrPermissionDenied):
+		return &Problem{Status: http.StatusBadGateway, Slug: "store-access-denied", Title: "The store denied this server access", Detail: err.Error()}
 	case errors.Is(err, store.ErrUnavailable):
 		return &Problem{Status: http.StatusServiceUnavailable, Slug: "store-unavailable", Title: "The store is overloaded", Detail: err.Error(), RetryAfter: 1}
 	case errors.Is(err, context.DeadlineExceeded):

@@ -40,6 +40,9 @@ var (
 	ErrInvalidKey = errors.New("invalid key")
 	// ErrUnavailable is a store that sheds load (S3 SlowDown, 503): worth retrying later.
 	ErrUnavailable = errors.New("the store is overloaded")
+	// ErrPermissionDenied is a store that refuses this server's credentials: its configuration,
+	// not the client's request, is at fault.
+	ErrPermissionDenied = errors.New("access denied")
 )
 
 // ValidateKey accepts relative paths of non-empty segments of [A-Za-z0-9._-] other than "." and
