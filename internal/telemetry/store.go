@@ -11,9 +11,11 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
-// Store wraps a store with a span per read (key, offset, length) and the storage counters.
+// Store wraps every method of a store with a span (reads carry key, offset and length) and the
+// storage counters. It names each method rather than embedding the store, so a method added to the
+// interface cannot go untraced unnoticed.
 type Store struct {
-	store.Store
+	next     store.Store
 	tracer   trace.Tracer
 	bytes    metric.Int64Counter
 	requests metric.Int64Counter
@@ -24,8 +26,10 @@ func InstrumentStore(s store.Store, tp trace.TracerProvider, mp metric.MeterProv
 	m := mp.Meter("shardsrv/store")
 	bytes, _ := m.Int64Counter("shardsrv.storage.read", metric.WithUnit("By"), metric.WithDescription("Bytes read from storage"))
 	requests, _ := m.Int64Counter("shardsrv.storage.requests", metric.WithDescription("Storage requests, by operation and outcome"))
-	return &Store{Store: s, tracer: tp.Tracer("shardsrv/store"), bytes: bytes, requests: requests}
+	return &Store{next: s, tracer: tp.Tracer("shardsrv/store"), bytes: bytes, requests: requests}
 }
+
+var _ store.Store = (*Store)(nil)
 
 func (s *Store) count(ctx context.Context, op string, err error) {
 	outcome := "ok"
@@ -40,10 +44,10 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 	ctx, span := s.tracer.Start(ctx, "store.read", trace.WithAttributes(
 		attribute.String("key", key), attribute.Int64("offset", off), attribute.Int("length", len(p))))
 	defer span.End()
-	err := s.Store.ReadAt(ctx, key, version, p, off)
+	err := s.next.ReadAt(ctx, key, version, p, off)
 	s.count(ctx, "read", err)
 	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
+		fail(span, err)
 		return err
 	}
 	s.bytes.Add(ctx, int64(len(p)))
@@ -54,7 +58,37 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 	ctx, span := s.tracer.Start(ctx, "store.stat", trace.WithAttributes(attribute.String("key", key)))
 	defer span.End()
-	info, err := s.Store.Stat(ctx, key)
+	info, err := s.next.Stat(ctx, key)
 	s.count(ctx, "stat", err)
+	fail(span, err)
 	return info, err
+}
+
+// List implements store.Store.
+func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
+	ctx, span := s.tracer.Start(ctx, "store.list", trace.WithAttributes(attribute.String("prefix", prefix)))
+	defer span.End()
+	keys, err := s.next.List(ctx, prefix)
+	s.count(ctx, "list", err)
+	fail(span, err)
+	return keys, err
+}
+
+// Check implements store.Store.
+func (s *Store) Check(ctx context.Context) error {
+	ctx, span := s.tracer.Start(ctx, "store.check")
+	defer span.End()
+	err := s.next.Check(ctx)
+	s.count(ctx, "check", err)
+	fail(span, err)
+	return err
+}
+
+// String implements store.Store.
+func (s *Store) String() string { return s.next.String() }
+
+func fail(span trace.Span, err error) {
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
 }
