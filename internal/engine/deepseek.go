@@ -73,22 +73,28 @@ func deepseek(m *model) error {
 	})
 }
 
+// mla lays out the attention. MultiHeadLatentAttention (layers/mla.py) registers the attention's
+// modules a second time under self_attn.mla_attn, so each parameter has two names in the state
+// dict; _filter_subtensors keeps the smaller, which is the mla_attn one for the modules whose names
+// sort after "mla_attn" (q_a_layernorm, q_b_proj, q_proj, o_proj). The names here are the kept ones,
+// the keys ShardedStateLoader writes and looks up.
 func (m *model) mla(at string) error {
+	alias := at + "mla_attn."
 	steps := []func() error{}
 	if m.cfg.has("q_lora_rank") {
 		steps = append(steps,
 			func() error { return m.replicatedLinear(at+"fused_qkv_a_proj", at+"q_a_proj", at+"kv_a_proj_with_mqa") },
-			func() error { return m.norm(at + "q_a_layernorm.weight") },
-			func() error { return m.column(at+"q_b_proj", at+"q_b_proj") })
+			func() error { return m.replicated(alias+"q_a_layernorm.weight", at+"q_a_layernorm.weight", m.dtype) },
+			func() error { return m.column(alias+"q_b_proj", at+"q_b_proj") })
 	} else {
 		steps = append(steps,
-			func() error { return m.column(at+"q_proj", at+"q_proj") },
+			func() error { return m.column(alias+"q_proj", at+"q_proj") },
 			func() error { return m.replicatedLinear(at+"kv_a_proj_with_mqa", at+"kv_a_proj_with_mqa") })
 	}
 	steps = append(steps,
 		func() error { return m.norm(at + "kv_a_layernorm.weight") },
 		func() error { return m.column(at+"kv_b_proj", at+"kv_b_proj") },
-		func() error { return m.rowLinear(at+"o_proj", at+"o_proj") })
+		func() error { return m.rowLinear(alias+"o_proj", at+"o_proj") })
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return err
