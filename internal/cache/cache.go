@@ -79,8 +79,6 @@ func (s *Store) Stats() Stats {
 		Evictions: s.evictions.Load(), FillsInFlight: s.inFlight.Load()}
 }
 
-// ChunkSize is the alignment the planner rounds reads to.
-func (s *Store) ChunkSize() int64 { return s.chunk }
 
 func (s *Store) String() string { return s.inner.String() }
 

@@ -93,8 +93,6 @@ func (d DType) decodesToF32() bool { return d.IsFP8() || d == F8E8M0 || d == F4 
 // isSigned reports a signed integer dtype.
 func (d DType) isSigned() bool { return d == I8 || d == I16 || d == I32 || d == I64 }
 
-// isUnsigned reports an unsigned integer dtype.
-func (d DType) isUnsigned() bool { return d == U8 || d == U16 || d == U32 || d == U64 }
 
 // CanConvert reports whether a value of dtype from may be converted to dtype to under the rules of
 // DESIGN §3: float to float, integer or BOOL to float, integer to integer only when lossless (same

@@ -101,13 +101,6 @@ func (g *Gateway) NewProxy() *Proxy {
 // Close stops the proxy.
 func (p *Proxy) Close() { p.server.Close() }
 
-// Count is how many ranged GETs went through.
-func (p *Proxy) Count() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.n
-}
-
 func s3Error(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/xml")
 	w.WriteHeader(status)
