@@ -79,7 +79,6 @@ func (s *Store) Stats() Stats {
 		Evictions: s.evictions.Load(), FillsInFlight: s.inFlight.Load()}
 }
 
-
 func (s *Store) String() string { return s.inner.String() }
 
 // Stat implements store.Store.

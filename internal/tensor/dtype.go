@@ -93,7 +93,6 @@ func (d DType) decodesToF32() bool { return d.IsFP8() || d == F8E8M0 || d == F4 
 // isSigned reports a signed integer dtype.
 func (d DType) isSigned() bool { return d == I8 || d == I16 || d == I32 || d == I64 }
 
-
 // CanConvert reports whether a value of dtype from may be converted to dtype to under the rules of
 // DESIGN §3: float to float, integer or BOOL to float, integer to integer only when lossless (same
 // dtype, wider of the same signedness, BOOL to any integer), BOOL to BOOL. Nothing goes to BOOL or

@@ -9,7 +9,6 @@ import (
 // fp4Values are the OCP E2M1 values by code, sign in bit 3.
 var fp4Values = [16]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, float32(math.Copysign(0, -1)), -0.5, -1, -1.5, -2, -3, -4, -6}
 
-
 // E8M0Scale decodes an OCP E8M0 scale: 2^(s-127), with 0xFF the NaN.
 func E8M0Scale(s uint8) float32 {
 	if s == 0xFF {
