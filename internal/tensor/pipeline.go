@@ -381,13 +381,7 @@ func applyF32(s step, xs []float32) {
 }
 
 // bf16Round is roundTo(BF16, f), small enough to inline: nearest even, NaN made canonical.
-func bf16Round(f float32) float32 {
-	if f != f {
-		return math.Float32frombits(0x7FC00000)
-	}
-	u := math.Float32bits(f)
-	return math.Float32frombits((u + 0x7FFF + (u>>16)&1) &^ 0xFFFF)
-}
+func bf16Round(f float32) float32 { return F32FromBF16(BF16FromF32(f)) }
 
 func applyF64(s step, xs []float64) {
 	switch s.op {

@@ -55,12 +55,7 @@ func (p *Pipeline) wordKernel(dst []byte, ds int, src []byte, ss int, n int) boo
 		}
 		s, d, step := words32(src, (n-1)*ss/4+1), words16(dst, n), ss/4
 		for i := range d {
-			u := s[i*step]
-			if f := math.Float32frombits(u); f != f {
-				d[i] = 0x7FC0
-			} else {
-				d[i] = uint16((u + 0x7FFF + (u>>16)&1) >> 16)
-			}
+			d[i] = BF16FromF32(math.Float32frombits(s[i*step]))
 		}
 	case p.fastE4M3ToBF16 && ds == 2 && aligned(dst, 2):
 		if len(src) < (n-1)*ss+1 || len(dst) < 2*n {
