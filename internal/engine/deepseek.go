@@ -12,8 +12,8 @@ import (
 //     without it q_proj (column-parallel) and kv_a_proj_with_mqa (replicated); then
 //     kv_a_layernorm, kv_b_proj (column-parallel) and o_proj (row-parallel).
 //   - mlp: layers i >= first_k_dense_replace with i % moe_layer_freq == 0 are sparse: mlp.gate
-//     (the router, replicated, never quantized), mlp.gate.e_score_correction_bias (float32, when
-//     topk_method is noaux_tc), mlp.shared_experts (a TP-split gated MLP of
+//     (the router, replicated, never quantized), the router's correction bias (float32, when
+//     topk_method is noaux_tc), the shared experts (a TP-split gated MLP of
 //     moe_intermediate_size * n_shared_experts) and mlp.experts; the others a dense mlp.
 //
 // FP8 block-quantized checkpoints keep every quantized linear layer in FP8 with its
@@ -107,15 +107,18 @@ func (m *model) deepseekMoE(mlp string, experts int64) error {
 	if err := m.replicated(mlp+"gate.weight", mlp+"gate.weight", m.dtype); err != nil {
 		return err
 	}
+	// The correction bias and the shared experts are registered twice: FusedMoE keeps the bias as
+	// its own e_score_correction_bias, and SharedFusedMoE the shared MLP as _shared_experts; the
+	// state dict keeps the smaller names, under mlp.experts.
 	if m.cfg.str("topk_method") == "noaux_tc" {
-		if err := m.replicated(mlp+"gate.e_score_correction_bias", mlp+"gate.e_score_correction_bias", api.F32); err != nil {
+		if err := m.replicated(mlp+"experts.e_score_correction_bias", mlp+"gate.e_score_correction_bias", api.F32); err != nil {
 			return err
 		}
 	}
 	if shared, err := m.cfg.int("n_shared_experts", 0); err != nil {
 		return err
 	} else if shared > 0 {
-		if err := m.mlp(mlp+"shared_experts.", mlp+"shared_experts.", "gate_proj", "up_proj", "down_proj"); err != nil {
+		if err := m.mlp(mlp+"experts._shared_experts.", mlp+"shared_experts.", "gate_proj", "up_proj", "down_proj"); err != nil {
 			return err
 		}
 	}

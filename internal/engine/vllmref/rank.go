@@ -1,0 +1,282 @@
+package vllmref
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Parallel is one rank of a vLLM deployment: TP x DP workers, optionally with
+// --enable-expert-parallel.
+type Parallel struct {
+	TP, TPRank, DP, DPRank int
+	EnableEP               bool
+}
+
+// Rank returns the tensors vLLM's ShardedStateLoader.save_model saves for that rank, keyed by the
+// names _filter_subtensors keeps, or an error where vLLM refuses the configuration (or the input
+// is outside what the reference models; the message says which).
+func Rank(config []byte, tensors map[string]Tensor, p Parallel) (out map[string]Tensor, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			ref, ok := r.(refusal)
+			if !ok {
+				panic(r)
+			}
+			out, err = nil, ref
+		}
+	}()
+	cfg := parseConfig(config)
+	b := &builder{cfg: cfg, hf: tensors, p: makePar(p), dtype: cfg.modelDType()}
+	b.bn, b.bk, b.fp8 = cfg.fp8Block()
+	arch := cfg.architecture()
+	switch arch {
+	case "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM":
+		if b.fp8 {
+			panic(refusal("the reference models block fp8 for DeepSeek only"))
+		}
+		b.decoder(arch)
+	case "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM":
+		b.deepseek()
+	default:
+		panic(refusal("architecture " + arch + " is not modelled by the reference"))
+	}
+	return b.result(), nil
+}
+
+// decoder builds the Llama-family models: llama.py, qwen2.py, qwen3.py, mixtral.py, qwen2_moe.py,
+// qwen3_moe.py. They share the skeleton
+//
+//	model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{qkv_proj,o_proj}, post_attention_layernorm, mlp}, model.norm, lm_head
+//
+// and differ in attention biases, q_norm/k_norm, head_dim and the MLP/MoE block.
+func (b *builder) decoder(arch string) {
+	c := b.cfg
+	hidden := c.int("hidden_size")
+	heads := c.int("num_attention_heads")
+	kvHeads := c.intOr("num_key_value_heads", heads) // HF configs default num_key_value_heads to num_attention_heads
+	vocabSize := c.int("vocab_size")
+	layers := c.int("num_hidden_layers")
+
+	// head_dim: LlamaAttention, Qwen3Attention, Qwen3MoeAttention and MixtralAttention use
+	// config.head_dim when set (getattr(config, "head_dim", None) or hidden // heads);
+	// Qwen2Attention and Qwen2MoeAttention use hidden_size // num_heads.
+	headDim := c.intOr("head_dim", hidden/heads)
+	if arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM" {
+		headDim = hidden / heads
+	}
+	// Attention biases: Qwen2/Qwen2-MoE qkv_proj bias=True (o_proj none); Llama bias =
+	// config.attention_bias on qkv_proj and o_proj; Qwen3/Qwen3-MoE qkv_bias = attention_bias.
+	qkvBias, oBias := false, false
+	switch arch {
+	case "Qwen2ForCausalLM", "Qwen2MoeForCausalLM":
+		qkvBias = true
+	case "LlamaForCausalLM":
+		qkvBias = c.boolOr("attention_bias", false)
+		oBias = qkvBias
+		if c.boolOr("mlp_bias", false) {
+			panic(refusal("llama mlp_bias is not modelled by the reference"))
+		}
+	case "Qwen3ForCausalLM", "Qwen3MoeForCausalLM":
+		qkvBias = c.boolOr("attention_bias", false)
+	}
+	qkNorm := arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM"
+
+	b.vocab([]string{"model.embed_tokens.weight"}, "model.embed_tokens.weight", vocabSize, hidden)
+	for i := int64(0); i < layers; i++ {
+		l := fmt.Sprintf("model.layers.%d.", i)
+		b.norm([]string{l + "input_layernorm.weight"}, l+"input_layernorm.weight", hidden)
+		b.norm([]string{l + "post_attention_layernorm.weight"}, l+"post_attention_layernorm.weight", hidden)
+		b.qkv([]string{l + "self_attn.qkv_proj"}, l+"self_attn.q_proj", l+"self_attn.k_proj", l+"self_attn.v_proj",
+			false, qkvBias, heads, kvHeads, headDim, hidden)
+		b.row([]string{l + "self_attn.o_proj"}, l+"self_attn.o_proj", false, oBias, hidden, heads*headDim)
+		if qkNorm {
+			// Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim), replicated.
+			b.norm([]string{l + "self_attn.q_norm.weight"}, l+"self_attn.q_norm.weight", headDim)
+			b.norm([]string{l + "self_attn.k_norm.weight"}, l+"self_attn.k_norm.weight", headDim)
+		}
+		switch arch {
+		case "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM":
+			b.denseMLP(l+"mlp", c.int("intermediate_size"), hidden)
+		case "MixtralForCausalLM":
+			b.mixtralMoE(l, hidden)
+		case "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM":
+			b.qwenMoE(arch, i, l, hidden)
+		}
+	}
+	b.norm([]string{"model.norm.weight"}, "model.norm.weight", hidden)
+	b.lmHead(vocabSize, hidden)
+}
+
+// lmHead is ParallelLMHead. With tie_word_embeddings the models make lm_head share the
+// embedding's parameter (llama.py: lm_head.tie_weights(model.embed_tokens); qwen2/qwen3:
+// lm_head = model.embed_tokens), so the state dict lists one tensor as both
+// "lm_head.weight" and "model.embed_tokens.weight" and _filter_subtensors keeps "lm_head.weight".
+func (b *builder) lmHead(vocabSize, hidden int64) {
+	if b.cfg.boolOr("tie_word_embeddings", false) {
+		i := slices.IndexFunc(b.params, func(p param) bool { return slices.Contains(p.names, "model.embed_tokens.weight") })
+		b.params[i].names = append(b.params[i].names, "lm_head.weight")
+		return
+	}
+	b.vocab([]string{"lm_head.weight"}, "lm_head.weight", vocabSize, hidden)
+}
+
+// denseMLP is LlamaMLP / Qwen2MLP / Qwen2MoeMLP / Qwen3MoeMLP / DeepseekV2MLP:
+// gate_up_proj = MergedColumnParallelLinear(hidden, [I, I]) from gate_proj + up_proj (the models'
+// stacked_params_mapping), down_proj = RowParallelLinear(I, hidden).
+func (b *builder) denseMLP(prefix string, inter, hidden int64, aliases ...string) {
+	b.denseMLPq(prefix, inter, hidden, false, aliases...)
+}
+
+func (b *builder) denseMLPq(prefix string, inter, hidden int64, quant bool, aliases ...string) {
+	prefixes := append([]string{prefix}, aliases...)
+	b.merged(suffixed(prefixes, ".gate_up_proj"), []string{prefix + ".gate_proj", prefix + ".up_proj"}, quant, false, []int64{inter, inter}, hidden)
+	b.row(suffixed(prefixes, ".down_proj"), prefix+".down_proj", quant, false, hidden, inter)
+}
+
+// mixtralMoE is MixtralMoE (mixtral.py): block_sparse_moe.gate = ReplicatedLinear(hidden,
+// num_local_experts, quant_config=None), block_sparse_moe.experts = FusedMoE(num_local_experts,
+// intermediate_size) from experts.N.w1 / w3 / w2.
+func (b *builder) mixtralMoE(l string, hidden int64) {
+	experts := b.cfg.int("num_local_experts")
+	inter := b.cfg.int("intermediate_size")
+	p := l + "block_sparse_moe"
+	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
+	b.fusedMoE([]string{p + ".experts"}, experts, inter, hidden, false, func(e int64) (string, string, string) {
+		x := fmt.Sprintf("%s.experts.%d.", p, e)
+		return x + "w1", x + "w3", x + "w2"
+	})
+}
+
+// qwenMoE is the MLP of Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: a sparse block when
+// layer_idx not in mlp_only_layers and num_experts > 0 and (layer_idx + 1) % decoder_sparse_step
+// == 0, else Qwen2MoeMLP / Qwen3MoeMLP(intermediate_size).
+//
+// Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock raise ValueError when tp_size > num_experts.
+// The sparse block holds gate = ReplicatedLinear(hidden, num_experts, quant_config=None), experts =
+// FusedMoE(num_experts, moe_intermediate_size); Qwen2-MoE adds shared_expert = Qwen2MoeMLP
+// (shared_expert_intermediate_size, TP-split) when that size > 0 and shared_expert_gate =
+// torch.nn.Linear(hidden, 1, bias=False) (replicated, model dtype). In v0.10.2 these are plain
+// FusedMoE and plain attributes; newer vLLM (after PR #26145) nests the shared expert in a
+// SharedFusedMoE and its gate in the MLP, which renames them - not modelled.
+func (b *builder) qwenMoE(arch string, i int64, l string, hidden int64) {
+	c := b.cfg
+	experts := c.int("num_experts")
+	step := c.intOr("decoder_sparse_step", 1)
+	sparse := !slices.Contains(c.intsOr("mlp_only_layers"), i) && experts > 0 && (i+1)%step == 0
+	if !sparse {
+		b.denseMLP(l+"mlp", c.int("intermediate_size"), hidden)
+		return
+	}
+	if b.p.tp > experts {
+		panic(refusal(fmt.Sprintf("Tensor parallel size %d is greater than the number of experts %d.", b.p.tp, experts)))
+	}
+	p := l + "mlp"
+	b.fusedMoE([]string{p + ".experts"}, experts, c.int("moe_intermediate_size"), hidden, false, func(e int64) (string, string, string) {
+		x := fmt.Sprintf("%s.experts.%d.", p, e)
+		return x + "gate_proj", x + "up_proj", x + "down_proj"
+	})
+	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
+	if arch == "Qwen2MoeForCausalLM" {
+		if shared := c.intOr("shared_expert_intermediate_size", 0); shared > 0 {
+			b.denseMLP(p+".shared_expert", shared, hidden)
+		}
+		b.add(b.unquantized(p+".shared_expert_gate.weight", 1, hidden), p+".shared_expert_gate.weight")
+	}
+}
+
+// deepseek is DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (deepseek_v2.py of v0.10.2) with MLA
+// (model_config.use_mla, the default on GPUs).
+func (b *builder) deepseek() {
+	c := b.cfg
+	hidden := c.int("hidden_size")
+	vocabSize := c.int("vocab_size")
+	layers := c.int("num_hidden_layers")
+	quant := b.fp8
+
+	b.vocab([]string{"model.embed_tokens.weight"}, "model.embed_tokens.weight", vocabSize, hidden)
+	for i := int64(0); i < layers; i++ {
+		l := fmt.Sprintf("model.layers.%d.", i)
+		b.norm([]string{l + "input_layernorm.weight"}, l+"input_layernorm.weight", hidden)
+		b.norm([]string{l + "post_attention_layernorm.weight"}, l+"post_attention_layernorm.weight", hidden)
+		b.mla(l+"self_attn", hidden, quant)
+		// DeepseekV2DecoderLayer: DeepseekV2MoE when n_routed_experts is not None and
+		// layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0, else
+		// DeepseekV2MLP(intermediate_size).
+		_, routed := c.nullableInt("n_routed_experts")
+		if routed && i >= c.intOr("first_k_dense_replace", 0) && i%c.intOr("moe_layer_freq", 1) == 0 {
+			b.deepseekMoE(l+"mlp", hidden, quant)
+		} else {
+			b.denseMLPq(l+"mlp", c.int("intermediate_size"), hidden, quant)
+		}
+	}
+	b.norm([]string{"model.norm.weight"}, "model.norm.weight", hidden)
+	// ParallelLMHead(vocab_size, hidden_size, quant_config): Fp8Config.get_quant_method returns
+	// no fp8 method for it (not a LinearBase), so it stays in the model dtype.
+	b.lmHead(vocabSize, hidden)
+}
+
+// mla is DeepseekV2MLAAttention. With q_lora_rank: fused_qkv_a_proj =
+// MergedColumnParallelLinear(hidden, [q_lora_rank, kv_lora_rank + qk_rope_head_dim],
+// disable_tp=True) loaded from q_a_proj and kv_a_proj_with_mqa (stacked_params_mapping, since the
+// "[perf] fused MLA QKV" change of July 2025), q_a_layernorm = RMSNorm(q_lora_rank), q_b_proj =
+// ColumnParallelLinear(q_lora_rank, heads * qk_head_dim). Without it: q_proj =
+// ColumnParallelLinear(hidden, heads * qk_head_dim), kv_a_proj_with_mqa = ReplicatedLinear(hidden,
+// kv_lora_rank + qk_rope_head_dim). Then kv_a_layernorm = RMSNorm(kv_lora_rank), kv_b_proj =
+// ColumnParallelLinear(kv_lora_rank, heads * (qk_nope + v_head_dim)), o_proj =
+// RowParallelLinear(heads * v_head_dim, hidden). All quantized in a block-fp8 checkpoint.
+//
+// v0.10.2 also hands these modules to MultiHeadLatentAttention (layers/mla.py, PR #23332), which
+// stores them as its own attributes (self.fused_qkv_a_proj = mla_modules.fused_qkv_a_proj, ...),
+// so each is in the state dict under "self_attn.X" and "self_attn.mla_attn.X". The rotary
+// embedding holds only a non-persistent buffer; the inner Attention's kv-cache scales
+// (Fp8KVCacheMethod.create_weights) are deleted by process_weights_after_loading.
+func (b *builder) mla(p string, hidden int64, quant bool) {
+	c := b.cfg
+	heads := c.int("num_attention_heads")
+	qLora, hasQLora := c.nullableInt("q_lora_rank")
+	kvLora := c.int("kv_lora_rank")
+	nope, rope, vDim := c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim"), c.int("v_head_dim")
+	divide(heads, b.p.tp, "num_attention_heads") // DeepseekV2MLAAttention: assert num_heads % tp_size == 0
+	names := func(m string) []string { return []string{p + "." + m, p + ".mla_attn." + m} }
+	if hasQLora {
+		b.merged(names("fused_qkv_a_proj"), []string{p + ".q_a_proj", p + ".kv_a_proj_with_mqa"}, quant, true,
+			[]int64{qLora, kvLora + rope}, hidden)
+		b.norm(suffixed(names("q_a_layernorm"), ".weight"), p+".q_a_layernorm.weight", qLora)
+		b.column(names("q_b_proj"), p+".q_b_proj", quant, false, heads*(nope+rope), qLora)
+	} else {
+		b.column(names("q_proj"), p+".q_proj", quant, false, heads*(nope+rope), hidden)
+		b.replicated(names("kv_a_proj_with_mqa"), p+".kv_a_proj_with_mqa", quant, kvLora+rope, hidden)
+	}
+	b.norm(suffixed(names("kv_a_layernorm"), ".weight"), p+".kv_a_layernorm.weight", kvLora)
+	b.column(names("kv_b_proj"), p+".kv_b_proj", quant, false, heads*(nope+vDim), kvLora)
+	b.row(names("o_proj"), p+".o_proj", quant, false, hidden, heads*vDim)
+}
+
+// deepseekMoE is DeepseekV2MoE of v0.10.2:
+//
+//	gate = ReplicatedLinear(hidden, n_routed_experts, quant_config=None): model dtype, replicated;
+//	gate.e_score_correction_bias = nn.Parameter(torch.empty(n_routed_experts, dtype=torch.float32))
+//	  when topk_method == "noaux_tc", and passed to FusedMoE, whose __init__ stores it as
+//	  self.e_score_correction_bias: one F32 tensor named "gate.e_score_correction_bias" and
+//	  "experts.e_score_correction_bias", the second kept;
+//	shared_experts = DeepseekV2MLP(moe_intermediate_size * n_shared_experts, TP-split) when
+//	  n_shared_experts is not None, and experts = SharedFusedMoE(shared_experts=..., ...), which
+//	  stores it as self._shared_experts: named "shared_experts.*" and "experts._shared_experts.*",
+//	  the second kept (newer vLLM changes this again; not modelled);
+//	experts = FusedMoE(n_routed_experts, moe_intermediate_size) from experts.N.{gate,up,down}_proj.
+func (b *builder) deepseekMoE(p string, hidden int64, quant bool) {
+	c := b.cfg
+	experts := c.int("n_routed_experts")
+	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
+	if c.stringOr("topk_method", "") == "noaux_tc" {
+		bias := convert(b.get(p+".gate.e_score_correction_bias", experts), "F32")
+		b.add(bias, p+".gate.e_score_correction_bias", p+".experts.e_score_correction_bias")
+	}
+	if shared, ok := c.nullableInt("n_shared_experts"); ok {
+		b.denseMLPq(p+".shared_experts", c.int("moe_intermediate_size")*shared, hidden, quant, p+".experts._shared_experts")
+	}
+	b.fusedMoE([]string{p + ".experts"}, experts, c.int("moe_intermediate_size"), hidden, quant, func(e int64) (string, string, string) {
+		x := fmt.Sprintf("%s.experts.%d.", p, e)
+		return x + "gate_proj", x + "up_proj", x + "down_proj"
+	})
+}
