@@ -416,8 +416,11 @@ type TensorInfo struct {
 
 // TensorList defines model for TensorList.
 type TensorList struct {
-	Checkpoint string       `json:"checkpoint"`
-	Tensors    []TensorInfo `json:"tensors"`
+	Checkpoint string `json:"checkpoint"`
+
+	// NextPageToken Present when more tensors follow; pass it as `page_token`.
+	NextPageToken *string      `json:"next_page_token,omitempty"`
+	Tensors       []TensorInfo `json:"tensors"`
 }
 
 // TensorPlan defines model for TensorPlan.
@@ -458,6 +461,12 @@ type TensorRequest struct {
 // ListTensorsParams defines parameters for ListTensors.
 type ListTensorsParams struct {
 	Checkpoint string `form:"checkpoint" json:"checkpoint"`
+
+	// Limit Most tensors in the page (default 10000).
+	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// PageToken The `next_page_token` of the previous page; absent for the first page.
+	PageToken *string `form:"page_token,omitempty" json:"page_token,omitempty"`
 }
 
 // PostLayoutsJSONRequestBody defines body for PostLayouts for application/json ContentType.
@@ -498,7 +507,7 @@ type ServerInterface interface {
 	// PostShards Stream the requested boxes of the destination tensors
 	// (POST /v1/shards)
 	PostShards(w http.ResponseWriter, r *http.Request)
-	// ListTensors List the tensors of a checkpoint
+	// ListTensors List the tensors of a checkpoint, a page at a time
 	// (GET /v1/tensors)
 	ListTensors(w http.ResponseWriter, r *http.Request, params ListTensorsParams)
 }
@@ -561,7 +570,7 @@ func (_ Unimplemented) PostShards(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// ListTensors List the tensors of a checkpoint
+// ListTensors List the tensors of a checkpoint, a page at a time
 // (GET /v1/tensors)
 func (_ Unimplemented) ListTensors(w http.ResponseWriter, r *http.Request, params ListTensorsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -757,6 +766,32 @@ func (siw *ServerInterfaceWrapper) ListTensors(w http.ResponseWriter, r *http.Re
 		return
 	}
 
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_token" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_token", r.URL.Query(), &params.PageToken, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_token"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_token", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListTensors(w, r, params)
 	}))
@@ -920,76 +955,80 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Ft7d9u4cv8qc9j2WMpSTyd7vfY/jXftNj322o2T3p5KqgORIwkxCXAB0JaT4+/eMwBIURJlSb7JNn38",
-	"k0giCAzm+ZuHvwaRTDMpUBgdHH8NFOpMCo32y7WS4wRT+hhJYVAY+siyLOERM1yKTuZW/PRZS0HPdDTD",
-	"lNGnv1c4CY6Dv+ss9u+4p7pT7Pv09BQGMepI8Yy2C46DtwLen/8Kv7x+8xfwm7cDWubfpa1PExndWUri",
-	"mNN7LLlWMkNlONE9YYnG1X3PEkxRGJiDnICZIYxpkwMNYzkHriGT2jS0zFWEgzHTCD9BJHEygX+Exhxa",
-	"ICcTjUY3R812EAZZ5bivAa3fduV3IsZ58BQGdldavUzflUBQ8gEyVODIgJinKDSXIgQpECKZ5KmwC2LU",
-	"hgsrgcUqoosbTPXOpJjHDIPjgCnFHul7gmJqZlvfv/DLnsLAc2XnE4nLtHgnOq+lNldZHaGOQfR+yoUj",
-	"Jzjuleu0UVxMrdYo/CPnCuPgeFASu7houVPoZFhIZ1RuJcefMTJ05qmcb1W5ZbX43uzcer0N17hOmLXV",
-	"P5faMJC5yXJzO3407sSJVCkzwXHAhfn5dVASy4XBKarKK+6kHd/JOEbugN20jJZbltQomkIW777Ve2Rx",
-	"/U47aOLyVVe4Vd6qIKlOtL/OMLrLJBfmgjszW5ZwVD5fvtKK1WyhvbpLHRW/fbC/rPq386Pbs6PLLjQu",
-	"/x10xBLUIfT/s6Fbvf5fmk3ywHQxYBomiWTmsH8CUiSPwAQUr3q3GElxj8poMBK4Ia+HIk+JtNOrq4sg",
-	"DD4eBWHwjv752PuZPtp/Px726bP996NVnXf233P79NT9d24fn7sHR7dnry8P/ac3l33/6eiyW7n4gmu/",
-	"4QSVZdJegektaFT3qFqax3S5NEvQOnYzY8Z+zw1qG7IMCi0VTJRMYSEG/7MGIV1Qg4iJoXCnjLENk+zo",
-	"1j64jfGPnAlz7FmpYfCAfDoz0PCXBanA3zaEgZIPOqS4o0fN0EltKBrnh31aRhwLYRAhTxq0sDPuNkOw",
-	"X+mNzrjXHDVHJ4A+8DZUCBEJeii8hBvu8IEaDaJRE14Vkm/YkwaqM+6OBlFn3KPTPSNi4KJYB0zEhTZg",
-	"TOpgZjgUjh0HGmIS0UmFcwca9IxlSNpGv7rzD3QbrkjVFj+BwimJgA6gXy1BFJ71ULhDKRRrYBY9CMRY",
-	"A1NoVbgN6XySvS54DY1pZlpSa8A5KYIOSceNYkKTL0OlD4bCX+I2lXibsegO49tCqNbciYi0WRGbFaeG",
-	"xsejEAZnIThJTZXMMx3C6QikGorB6q+FEO2LhaiPLrvhAhDpA8+iB25mMjdwSjK8Z0lOolfyIYTpq/4p",
-	"/ATcGu0ke90QfDxOEHgIiXwA/23ClTYkVDJyy74WkKlX5ecf9N+8sWrxO/u9eWIPJqt37FrAG0ujQp0n",
-	"hg6mW7ubveqfOgaMoGH5mkmNMbF5KKp8BoUmV0IDN80QMNEISxx61T8dtSGRit2mqKZYYfdfYSBzEwIX",
-	"oxDewkC5j0Nx6h+o0Yhwpb2Y0ztd0XwewmfLrb8O+GjweQQ/QYMl2Yx1FBN3xCSdpyDvUcEdyMlQnNK6",
-	"uxG8greDO3ojrLLNcuiOfpEqRnUCtAvEOGF54tyiag/FGkqVGf1b+Mo1pxCEwZLiUnAqeVHr8DKm2Pag",
-	"WLjFa7e6RG/LMehZHBfS43duaW9baM2CxQm18WmZnv0gnZXaenBbMOpAg11zUsgDehShStgSy3yc4AK3",
-	"iDwdO9gyLpKa5a3X5EROzJqN8/WDcTeEcW+0OHDQ6x+F0OsfjZYygjXklHLBU1KGXh2KStncc7xfZX+/",
-	"BiMxcbeFJbRkQSAZMotZZsj5gVrizy7EPdVI9UxMucAL9ihzs3cAtvYjJ+R1uJigQhEhoN2xDR/I/9sI",
-	"vfDFleh7oCkETfi0TSmwjRh2tR4KnLPI+LhibQXpxvar2xxmMok1FLGeyAhBsBQtDqqso99cEAgBWTQb",
-	"CkoIPRzw+Sy9faAXBzk/fgwTqWAY3CdJOgxCeKCD7i8uLg803MyYijG+MczghWQxqqHQ7B61fafYExq0",
-	"HO677V633YfEslifQCwj3XH06XYaQ8K1cUQzFc24wcjkCnWzzhXFzLBbojRJMLnV/IsHjFY/rMz31NY4",
-	"u12ood+l+9wu3dpdjIeuLEmuJsHxYItns0j3abSqUKQxdquqCFVOkUdAw+Gm897PNgAf9pvLhrGkWUaq",
-	"aHZr92rDv5L18y8Ye5Ci4Q4xo5e40m2iHwUbJ3jrImfJ3yWm1FrATWaxtwcoLhB9uIY5/HZtVYAI14aW",
-	"yAnoLOHGcDEFvEf1WMTp8SN8uG4vHNtYygRdKuQ4UA0+pI0kDZwyo6SojS5Ou7+plphvoCUr4cbfrS7Q",
-	"nHNM4jOlpFpPxWI0jCe1yZeVPap1j/oW/uXm6nfwz4ELB3iByEFtYCzjxxB0Hs3Ie3Q8gOx0Ow7Ydfod",
-	"W9yoyGhDnaSgICzIrL9dgu/ERK7fjZxV7c0KCW7N4VfosRv61zeRsi3jrSVowpNCHKv2W0mvJjKJkXIH",
-	"uxykmSF5RwoWRoNmEyywuk8XOAknxnkIeeazEiDiIWLZzkW6kr+75+NBcaM6Jv0zsoTQ1SqLtGEmrysD",
-	"rBzj19Vt7Qo8VTS3p99dRRQujL93er0nQtsi8qRECM8xfwlNPMtwv18dW4pbuHp6vZrhPEt4xA0Y8tzA",
-	"fHil35kgrCFP4Prq5gPQEgmd+15HU9TWZOLcJkJSAcbcYLxel97CC6+2O5e3Ptj1hVj20sviqFo+LQqP",
-	"LwWrqwq0qOnVcj1jylAoIxDlUDQXtvpi02A5r6nw14Nzq/lLDQUK8UsFB+d827WVyv1LrqmMazQp5goj",
-	"Aw8zFD4o3zP1SCF6kT0/sOROA1vrLRD15Mfkg3CJpTaYQc/6MiFtWwRkBrbnQ0ntlFn/Z73gA9dYrb85",
-	"OoIwcItqw/q+ReNFqf95/+QkVCno19VYLfvqdJB0pWqpKz4yT1OmHrdWkhMmbvzSF5vXTvXjgqDnDatK",
-	"z3qURowxXhTjVxCh0xL71MUv8joQY4bCZizHNg+BxljOQ6fjTYsbE5YdaIi5NlxEptA2XwnRtanexqr/",
-	"BtpOLVFl1vMARcvSIqAdjyDA+/wBNmtLmIAJmmhGSZGSKWgjFZsisAlhsEiyBHXExXSfYz1gq2O7332R",
-	"aFoKUnaHu/FutRiy3ENYkvkSD1Ypq1Un147bLxyXKdUOiVS4UqISOCWbzZMgpCPJ0cyzIAwipk2tb7Fl",
-	"yprWaoaK3JmcQJon1rOxON6pLLNeXKrlzKJNvjPMR0oMdncOlWSiJt5ResZEtAF2ryK8auDkJsFnekDb",
-	"vK59WmwTPgcSy97YGpMIs9ZjNV8Q3K1TuHuLcOUO9vxyg/LYukvYismuuHRl/sAXgwhzyAl88o77EzRc",
-	"rbsCA5tWRT85KOgXWEDqK2mhh4cYU9ZtyvpUcxsCXM0nXWYDjTt8hEzhhM+bkIsYXfGHXB2CktKERPHg",
-	"bes/WOtLt/VL+7Y1Ao3T0qWvJ1ZeBJU8O1DsoQIV3LdK8lRr0C9B698A126uNofBvDWVLfqtpe941pKZ",
-	"k3+rTNuNyvEZLFynVo6A+my6dKDrMLaaevpel2s9gMyNxbPWsdrOVMK1IX3JDURMCGlg7NUmrpfgJqPc",
-	"nN3PWIYvm1zwCX7svYnbydOwmV8vSvlfphv7J+LP4bIK0Fsjfyzne8wuFMMcNSFhg5zqOe9O3Uzry1Jx",
-	"l/rsfhmL4GuusjdPtnSMyDUvWvW79K6WisM7IZkJT5J1q/03AijkTMdyXoLiSt+eELQ+KXuv3BQ1Vt9J",
-	"THNtDdcuxHjHzlKhClt6bN/egDepFR2GUa64ebyhfb26IFN1dc/3/iCQRXarZG7Q+rLOzJa1voTQIQD7",
-	"+MWGzk6KRvFIu4zYVBo4udAuy221WG5mLSPvUOgWeRpipr2lrV47WkrKZ8ZkblqRey+9AtxtywcUpizL",
-	"MC5aM75W4zKHireuzNC04S1ECSfpXl/dfNBFDaJMcewkRzntV+zAjW8eFSMK9mhfRmo4y2u6tpJmj5YT",
-	"Cj37KvsNRaFakUx9jnNScoxHRSoii/kIShcIhEzR0uBHH0QM2ihkqYYxi+7Ad76Ggl6pkm+zjTbcIML7",
-	"s7e/XZ6107jsNjkj0JgyYUh6xdXsmQ4KuGZSwiP0ibrT7eBtxqIZtvrtbgXVBo796j4IAzIsJ6peu+tW",
-	"yQwFy3hwHBy2u+1Dwk7MV2MKtaLPU4cqybHZO7yLg2NfTf1i86bKvGy/231mVna/GVlfsK0ZkbUlLCUj",
-	"1Bq4Bpbwe/QzskW2H1zwexSotf25sIeN17n0z7dex+DcdLKE8ZWLrEaZNZr9CUV57FrJFM0Mcw20JTgv",
-	"ZptYr7uvN7GmJK4yQFy9dGXX4sb2+s41bLz9e/f4v0WW9mx77zfdw5femzbhJG1oLIC7m6iLZjajcHy4",
-	"73VWZgBr+UHA6tfKuu/ImJWRxRoGLVa4LrjXkd4evCLe9vdc/2IdpHusNHJLrbeCqRNF5+viy1OnbEtt",
-	"lM65XeEncOxUgW1WP9vGIu6dAOqIZQgHnQNgGv6hf24bUrScnF9QgIVlMLsI9ZTchM/Y/eg76krZ5tvg",
-	"Ei3bvHp09xL3vuq0n4v689WPLU8R6JQlie9eNtywSggW+fAvqEKYovAK5kdZmjvqaOcr/fe0UVX/Ca2m",
-	"/oiKGtZUQ3iCRVnZVUbsqKa7qh9vcfPGNWT4ItL3shQZGTQth7GWLabE/2MufEtgWywujOVAOzwWVmYu",
-	"WWTgV0dDyyULP6RFve7+st/63uGParHv7VyNqwpuNtzSIv38la0c+D+mWTa6a6nNhV/kFBK1OZXx4zdz",
-	"xMvt+aflZNCWv75jFFjpqm9Qb5sH/Ziau6cmvu73v7PmHv5Zmn5mq9ZQlrOLYYdykmlRBvdZrktnuQFt",
-	"7DjERKrSELKifrbRCmxp7PuYwFIj4E+2gKVe9ab0MGHi/9X/x1J/khsw30kvhvaKUp+yKdy0KBzFzLBS",
-	"010Zo6rrywL/pNjDJzfoa5vyfg8uylPs3wmEixV+5sOVmYq/IwiL0tOBLmuTQ0G7yIdWyj5LVaxLuDEJ",
-	"tlDEnIlwbeTFzb42Tq+uLo7djM2jwRC6IBX0mu2h+FSphX06Jp5UamMWhs1kYtlRGXPOUNmyaUOvFY9s",
-	"Ykgbn/nhl4THDs9KBREzLJFTsA1XWy8p/q4YxjihTNkCPq60sYSeED2+Dz9hPMkVDoVr99PCGbIYlYYH",
-	"VAgahQE2lspPPkdSCIyM/ZNdLT0/40c6Vc+kMiEIvEcFD0qKqatlrbutGyfu/wmO62+BpeHSTvcible7",
-	"gd8C464VHrcB3TDw0qVDlx9uIGhji/np/yBo/l/kq2+sSlfHqzFeqspDTVG+dNgVJd5Ywvng16zlxja5",
-	"/CNHq+c/bjWm0oPdYH7Lf8ngrvtjYpLvrrd/ezWxiI4rSaLjfdFMI/15ChedtMGIVMD1vpxy5Srx3azj",
-	"TieREUtmUpvjo+5RN3gaPf1XAAAA//8=",
+	"7Hxtd9u4cv9XmcP/v8fSLvXo7F6v/ab2rt2mx167cdLbU0m1IXIkISYBLgDacnL83XsGAClKoiwpN9mb",
+	"PrxxRBIEBjODefjNMJ+DSKaZFCiMDo4/Bwp1JoVGe3Gj5DjBlH5GUhgUhn6yLEt4xAyXopO5ET9+1FLQ",
+	"Mx3NMGX06/8rnATHwf/rLObvuKe6U8z78vISBjHqSPGMpguOg1MB7y5+hV/e/PQX8JO3Axrm36WpzxIZ",
+	"PVhK4pjTeyy5UTJDZTjRPWGJxtV5zxNMURiYg5yAmSGMaZIDDWM5B64hk9o0tMxVhIMx0wg/QiRxMoF/",
+	"hMYcWiAnE41GN0fNdhAGWWW5zwGN37bltyLGefASBnZWGr1M37VAUPIJMlTgyICYpyg0lyIEKRAimeSp",
+	"sANi1IYLK4HFKKKLG0z1zqSY5wyD44ApxZ7pOkExNbOt71/6YS9h4Lmy84rEZRq8E503UpvrrI5QxyB6",
+	"P+XCkRMc98px2iguplZrFP6Rc4VxcDwoiV1stJwpdDIspDMqp5LjjxgZWvNMzreq3LJafGt2bt3ehm3c",
+	"JMye1T+X2jCQuclyczd+Nm7FiVQpM8FxwIX5+U1QEsuFwSmqyitupR3fyThGboHdtIyGW5bUKJpCFu8+",
+	"1Ttkcf1MO2ji8lZXuFXuqiCpTrS/zjB6yCQX5pK7Y7Ys4ah8vryllVOzhfbqLHVU/Pbe3lm1bxdHd+dH",
+	"V11oXP076IglqEPo/2dDt3r9vzSbZIFpY8A0TBLJzGH/BKRInoEJKF71ZjGS4hGV0WAkcENWD0WeEmln",
+	"19eXQRh8OArC4C39+dD7mX7avx8O+/Tb/v1gVeet/Xthn565fy7s4wv34Oju/M3Vof/101Xf/zq66lY2",
+	"vuDabzhBZZm0l2M6BY3qEVVL85g2l2YJWsNuZszY69ygti7LoNBSwUTJFBZi8Lc1COmcGkRMDIVbZYxt",
+	"mGRHd/bBXYx/5EyYY89KDYMn5NOZgYbfLEgFfrchDJR80iH5HT1qhk5qQ9G4OOzTMOJYCIMIedKggZ1x",
+	"txmCvaQ3OuNec9QcnQB6x9tQIUQk6KHwEm64xQdqNIhGTfihkHzDrjRQnXF3NIg64x6t7hkRAxfFOGAi",
+	"LrQBY1IHM8OhcOw40BCTiE4qnDvQoGcsQ9I2uuvWP9BtuCZVW9wChVMSAS1Ady1B5J71ULhFyRVrYDZ6",
+	"EIixBqbQqnAb0vkke1PwGhrTzLSk1oBzUgQdko4bxYQmW4ZKHwyF38RdKvEuY9EDxneFUO1xJyLSZkVs",
+	"VpwaGh+OQhich+AkNVUyz3QIZyOQaigGq3cLIdoXC1EfXXXDRUCkDzyLnriZydzAGcnwkSU5iV7JpxCm",
+	"P/TP4Efg9tBOsjcNwcfjBIGHkMgn8FcTrrQhodIht+xrAR31qvz8g/5PP1m1+J393jyxC9Opd+xahDeW",
+	"RoU6TwwtTLt2O/uhf+YYMIKG5WsmNcbE5qGo8hkUmlwJDdw0Q8BEIyxx6If+2agNiVTsLkU1xQq7/woD",
+	"mZsQuBiFcAoD5X4OxZl/oEYjiivtxpze6Yrm8xA+Wm79dcBHg48j+BEaLMlmrKOYeCAm6TwF+YgKHkBO",
+	"huKMxj2M4Ac4HTzQG2GVbZZDD3RHqhjVCdAsEOOE5Ykzi6o9FGtRqszob2Er14xCEAZLikvOqeRFrcHL",
+	"mGLbnWJhFm/c6DJ6W/ZBr8ZxIT1+64b2trnWLFisUOuflunZL6SzUlt3bgtGHWiwY04KeUCPPFQZtsQy",
+	"Hye4iFtEno5d2DIukprlqdfkREbMHhtn6wfjbgjj3mix4KDXPwqh1z8aLWUEa5FTygVPSRl6dVFUyuae",
+	"4/0q+/s1MRITD1tYQkMWBNJBZjHLDBk/UEv82YW4lxqpnospF3jJnmVu9nbA9vzICVkdLiaoUEQIaGds",
+	"w3uy/9ZDL2xxxfseaHJBEz5tUwpsPYYdrYcC5ywy3q/Ys4K0Y3vpJoeZTGINha8nMkIQLEUbB1XG0T3n",
+	"BEJAFs2GghJCHw74fJbePtCLhZwdP4aJVDAMHpMkHQYhPNFCj5eXVwcabmdMxRjfGmbwUrIY1VBo9oja",
+	"vlPMCQ0aDo/ddq/b7kNiWaxPIJaR7jj6dDuNIeHaOKKZimbcYGRyhbpZZ4piZtgdUZokmNxp/skHjFY/",
+	"rMz31NY4u1uooZ+l+9os3dpZjA9dWZJcT4LjwRbLZiPdl9GqQpHG2KmqIlQ5eR4BDRc3XfR+tg74sN9c",
+	"PhhLmmWkimZ3dq42/Cudfv4JYx+kaHhAzOglrnSb6EfBxgneOc9Z8neJKbUn4DazsbcPUJwjen8Dc/jt",
+	"xqoAEa4NDZET0FnCjeFiCviI6rnw0+NneH/TXhi2sZQJulTIcaDqfEgbSRo4ZUZJUetdnHZ/VS0xX0FL",
+	"VtyN31udo7ngmMTnSkm1norFaBhPapMvK3tU6xb1FP7l9vp38M+BCxfwApGD2sBYxs8h6DyakfXo+ACy",
+	"0+24wK7T71hwoyKjDThJQUFYkFm/uwTfiolc3xsZq9qdFRLcmsOv0GMn9K9vImVbxltL0IQnhThWz28l",
+	"vZrIJEbKHexwkGaGZB3JWRgNmk2wiNV9usBJODHOQ8gzn5UAEQ8Ry3YG6Ur+7p6PB8WO6pj0z8gSiq5W",
+	"WaQNM3kdDLCyjB9XN7UDeKrR3J52dzWicG78ndPrPSO0LSJPygjhNeYvRROvMtzPV8eWYhcOT69XM5xn",
+	"CY+4AUOWG5h3r3SfCYo15AncXN++BxoiofPY62jy2pqOOLeJkFSAMTcYr+PSW3jh1XZneOu9HV+IZS+9",
+	"LJaq5dMCePzSYHVVgRaYXi3XM6YMuTIKolwUzYVFX2waLOc1CH99cG41f6mgQC5+CXBwxrddi1TuD7mm",
+	"Mq7RpJgrjAw8zVB4p/zI1DO56EX2/MSSBw1srbZA1JMdk0/CJZbaYAY9a8uEtGURkBnYmg8ltVNm7Z+1",
+	"gk9cYxV/c3QEYeAG1br1fUHjBdT/un1yEqoA+nUYq2VfnQ6SrlRP6oqNzNOUqeetSHLCxK0f+sXHayf8",
+	"uCDo9YNVpWfdSyPGGC/A+JWI0GmJfer8F1kdiDFDYTOWY5uHQGMs56HT8aaNGxOWHWiIuTZcRKbQNo+E",
+	"6NpUbyPqv4G2M0tUmfU8QVGytBHQjktQwPv6AjZrS5iACZpoRkmRkiloIxWbIrAJxWCRZAnqiIvpPsv6",
+	"gK2O7X72RaJpKUjZA+7Gu1UwZLmGsCTzJR6sUlarTq4ct587LlOqHRKpcAWiEjilM5snQUhLkqGZZ0EY",
+	"REybWttiYcqa0mqGisyZnECaJ9aysTjeCZZZB5dqObMok+8c5iMlBrsbh0oyUePvKD1jItoQdq9GeFXH",
+	"yU2Cr9SAtlld+7SYJnwtSCxrY2tMopi1PlbzgOBulcLdS4Qre7DrlxOUy9ZtwiImu8alK/0HHgyimENO",
+	"4N4b7ntoOKy7EgY2rYreu1DQD7ABqUfSQh8eYkxZtynxqea2CHA1n3SZDTQe8BkyhRM+b0IuYnTgD5k6",
+	"BCWlCYniwWnrP1jrU7f1S/uuNQKN09KkrydWXgSVPDtQ7KkSKrirSvJUe6C/JFr/CnHtZrQ5DOatqWzR",
+	"vZZ+4FlLZk7+rTJtNyrHV2LhOrVyBNRn06UBXQ9jq6mnr3W50gPI3Nh41hpWW5lKuDakL7mBiAkhDYy9",
+	"2sT1Etx0KDdn9zOW4Zd1LvgEP/bWxM3kadjMry9K+QXOzV3Gpnhn5APW5Ac3CjUKH0yndAIKFk9kksin",
+	"E8iYtrkX03C/mOm+lo1fpor75/2vhYGVuHKNW2M536NVougdqfFAG9SiXtBu1c20flnm7zKt3TdjE4aa",
+	"rezNky0FKvIEi86AXUplS1j0ToHThCfJui7/G8VDZLvHcl7G4JU2AQrY9UlZ6uWmgHR94TLNtbUTdiDG",
+	"OxayClXYUtL7+vZik1rRYhjlipvnW5rXqwsyVQezvvMLgSySaSVzg9Z0dmYWRfsUQofi5edP1lN3UjSK",
+	"R9rZDFOpF+VCu6S61WK5mbWspdAtMmzETLtLC5Y7WkrKZ8ZkrjmSe6ewkifYChMoTFmWYVxUgjw05BKV",
+	"inOotOy04RSihJN0b65v3+sC8igzKts4UjYXFjNw42tVRUeEXdqjVg138pquiqXZs+WEQs++ynxDUahW",
+	"JFOfUp2UHONRkfnIoh2DshOKeaZoafCdFiIGbRSyVMOYRQ/gC21DQa9UybfJTRtuEeHd+elvV+ftNC6L",
+	"W+4QaEyZMCS9Ymt2TRd5uNpVwiP0uIDT7eA0Y9EMW/12txJEB4796jEIAzpYTlS9dteNkhkKlvHgODhs",
+	"d9uHFKoxD/4UakW/py6IJcNm9/A2Do49ePvJpmmV9tx+t/tKa+5+LbkeH67pyLWImZIRktvTwBL+iL4l",
+	"twAXgkv+iAK1treL87BxO1f++dbtGJybTpYwvrKRVS+zRrNfoUDjbpRM0cww10BTgrNitmb2pvtmE2tK",
+	"4ir9ytVNV2Ytdmy370zDxt2/c4//LrK0a9t9/9Q9/NJ90yScpA2NRZ7gGviimU1gHB8ee52VlsNaflAc",
+	"92tl3DdkzEqHZA2DFiNc0d3rSG8PXhFv+3uO/2IdpH2s1I1LrbeCqRNF5/Pi4qVTVsE2SufCjvANP7aJ",
+	"wdbGX62aEfdOAHXEMoSDzgGFy//Qv7D1LxpOxi8ogoXlYHbh6imXCl8596NvqCtlVXGDSbRs8+rR3Uvc",
+	"+6rTfibqz1c/tty0oFOWJL5Y2nC9MSHYyId/QhXCFIVXMN8509xRRzuf6Z+Xjar6T2g19XtU1LAGfOEJ",
+	"Fii2A2JsZ6jbqu+mce3NNWR4zOpbnRQZGTQtF2Mtn5gy/h9z4SsQ23xxcVgOtIvHwkqLJ4sM/OpoaLlk",
+	"4bs8UW+6v+w3vnf4vZ7Yd7aNx4GQmw9ueSJ9u5dFDvy3O8uH7kZqc+kHOYVEbc5k/PzVDPFyN8DLcjJo",
+	"0bZv6AVWivgb1NvmQd+n5u6piW/6/W+suYd/lqafW5AcSvS86K0oG6cWqLvPcl06yw1oY7svJlKVByEr",
+	"8LONp8BCY9/mCCzVHf7kE7BUGt+UHiZM/J/6f1/qT3ID5gv3RY9gAfUpm8JNC+AoZoaVmu5gjKquLwv8",
+	"XrGne9dXbHsA/BxclKvYzxLCxQjfYuJgpuKzhbCAng50iU0OBc0in1op+yhVMS7hxiTYQhFzJsK1DhvX",
+	"ats4u76+PHYtPc8GQ+iCVNBrtofivoKF3R8TTyrYmA3DZjKx7Kh0VWeoLGza0GvgkU0MaeJz32uT8NjF",
+	"s1JBxAxL5BRsfdfiJcVnzDDGia0nzPzXMZbQE6LHl/0njCe5wqFw3QU0cIYsRqXhCRWCLUywsVS+0TqS",
+	"QmBk7BfCWnp+xs+0qp5JZUIQ+IgKnpQUU4dlrZutWyfu/w6G628JS8OlmR5F3K4WH79GjLsGPG4LdMPA",
+	"S5cWXX64gaCNFe2X/4VB8/8gW31rVbrazY3xEioPNaB8abArSuzz4hXlLMoAMkWynmS/Ctt6n/CUm3tg",
+	"lMYbniI0yg+Xut1uN6QnqdT+sttsw2nZcDUUFvHnGoR0KFTCtIGMbFnElOKo4X6l4np/vKmAWgLz9MZQ",
+	"0BN/giyYRUQv0pU2vLe1FLcZBpnUtk5YeIfqHrWkAWXXlisTVBCAaMbEFO2npIaLHDUs7K/dkJ1MI4o6",
+	"G3rJtfEcXkcebOr+R47WinxlCOGKpFIWaIT/zGi6KsFmCSGs0GElH1SXTNncN9laWW/7CqsOWFkTd6HA",
+	"mcJHLnNtSTwBNrbOrBC584f0aBO1lZr93wsRrLQd1P3HJY75frvLn/E4IX2fEfI3t6J/O7ZdKPkKZBGW",
+	"x7owXk4uRbGXTiBpaVHpHYxIPVxt1h3PXCW+2nrc6SQyYslManN81D3qBi+jl/8KAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

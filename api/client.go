@@ -3,10 +3,14 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -20,18 +24,44 @@ type Client struct {
 	BaseURL string
 	// Token, when set, is sent as a bearer token.
 	Token string
-	// HTTP is the client used; nil means http.DefaultClient.
+	// HTTP is the client used; nil means a shared one from NewHTTPClient.
 	HTTP *http.Client
 	// Attempts is how many times a request that failed in a way worth retrying is sent (>= 1).
 	Attempts int
-	// Backoff is the first wait between attempts; it doubles, and a Retry-After header wins.
+	// Backoff bounds the first wait between attempts; the bound doubles up to MaxBackoff. Each wait
+	// is drawn uniformly below the bound (full jitter), so many pods told to back off at once do
+	// not come back in lockstep; a Retry-After from the server is added to it.
 	Backoff time.Duration
+	// Logger is told of every retry: what, why and when; nil means slog.Default() (stderr).
+	Logger *slog.Logger
 }
+
+// MaxBackoff caps the bound on a wait between attempts (not a server's Retry-After).
+const MaxBackoff = 30 * time.Second
 
 // NewClient returns a client with 5 attempts and a 500 ms first backoff.
 func NewClient(baseURL string) *Client {
 	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Attempts: 5, Backoff: 500 * time.Millisecond}
 }
+
+// NewHTTPClient returns the HTTP client a Client uses when given none. It bounds connecting, the
+// TLS handshake and the wait for the response headers (the server answers once the plan is made
+// and its first reads came back), but not the whole exchange: a shard may stream for many minutes.
+// Bound that with the context.
+func NewHTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: 2 * time.Minute, // above the server's store retry budget (60 s) and admission wait
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   16, // the ranks of a pod fetch in parallel from one server
+	}}
+}
+
+// defaultHTTP is shared so that clients made per request still reuse connections.
+var defaultHTTP = NewHTTPClient()
 
 // ProblemError is an RFC 9457 problem the server answered with.
 type ProblemError struct{ Problem }
@@ -49,11 +79,14 @@ func (e *ProblemError) Error() string {
 	return msg
 }
 
-// retryable reports problems worth another attempt: overload, storage trouble, a file that
-// changed under the request (the next attempt sees the new version).
-func (e *ProblemError) retryable() bool {
-	switch e.Status {
-	case http.StatusConflict, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+// retryable reports statuses another attempt may cure: a time-out or overload (408, 429, 503,
+// 504), storage trouble (502), and a checkpoint file that changed under the request (409: the
+// server says to retry, and the next attempt reads the new version). Any other 4xx is the
+// request's fault and fails the same way every time.
+func retryable(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
 	return false
@@ -72,16 +105,36 @@ func (e *ShortBodyError) Error() string {
 
 func (e *ShortBodyError) Unwrap() error { return e.Err }
 
+// transient marks an error another attempt may cure, with the wait the server asked for.
+type transient struct {
+	err   error
+	after time.Duration
+}
+
+func (t *transient) Error() string { return t.err.Error() }
+func (t *transient) Unwrap() error { return t.err }
+
 func (c *Client) httpClient() *http.Client {
 	if c.HTTP != nil {
 		return c.HTTP
 	}
-	return http.DefaultClient
+	return defaultHTTP
+}
+
+func (c *Client) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
+	}
+	return slog.Default()
 }
 
 // do sends one request and returns the response when its status is 200; any other status is
-// read as a problem.
+// read as a problem. Errors another attempt may cure are marked transient.
 func (c *Client) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	// A URL without a scheme or host fails the same way on every attempt: say so at once.
+	if u, err := url.Parse(c.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("shardsrv: server %q is not a URL such as http://shardsrv:8080", c.BaseURL)
+	}
 	var rd io.Reader
 	if body != nil {
 		raw, err := json.Marshal(body)
@@ -94,13 +147,19 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 	res, err := c.httpClient().Do(req)
 	if err != nil {
-		return nil, err
+		var cert *tls.CertificateVerificationError
+		if ctx.Err() != nil || errors.As(err, &cert) {
+			return nil, err
+		}
+		return nil, &transient{err: err} // refused, reset, timed out: the network, not the request
 	}
 	if res.StatusCode == http.StatusOK {
 		return res, nil
@@ -110,64 +169,63 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	if err := json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&p.Problem); err != nil || p.Status == 0 {
 		p.Problem = Problem{Status: res.StatusCode, Title: http.StatusText(res.StatusCode)}
 	}
-	return nil, &retryAfter{err: &p, after: res.Header.Get("Retry-After")}
+	if !retryable(res.StatusCode) {
+		return nil, &p
+	}
+	return nil, &transient{err: &p, after: retryAfter(res.Header.Get("Retry-After"))}
 }
 
-// retryAfter carries a server's Retry-After with its error.
-type retryAfter struct {
-	err   error
-	after string
+// retryAfter reads a Retry-After header: seconds or an HTTP date.
+func retryAfter(h string) time.Duration {
+	if s, err := strconv.Atoi(h); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil {
+		return max(0, time.Until(t))
+	}
+	return 0
 }
 
-func (r *retryAfter) Error() string { return r.err.Error() }
-func (r *retryAfter) Unwrap() error { return r.err }
-
-// retry runs attempt until it succeeds, fails for good, or the attempts run out.
-func (c *Client) retry(ctx context.Context, attempt func() error) error {
-	wait := c.Backoff
+// retry runs attempt until it succeeds, fails in a way no retry cures, or the attempts run out.
+// what names the request in the log.
+func (c *Client) retry(ctx context.Context, what string, attempt func() error) error {
+	attempts := max(1, c.Attempts)
+	bound := c.Backoff
 	for n := 1; ; n++ {
 		err := attempt()
-		if err == nil || n >= max(1, c.Attempts) || ctx.Err() != nil || !worthRetrying(err) {
-			var ra *retryAfter
-			if errors.As(err, &ra) {
-				return ra.err
-			}
+		var t *transient
+		if !errors.As(err, &t) {
 			return err
 		}
-		sleep := wait
-		var ra *retryAfter
-		if errors.As(err, &ra) {
-			if s, perr := strconv.Atoi(ra.after); perr == nil {
-				sleep = time.Duration(s) * time.Second
-			}
+		if n >= attempts || ctx.Err() != nil {
+			return t.err
 		}
+		wait := t.after + rand.N(max(bound, 0)+1) // full jitter on top of what the server asked for
+		c.logger().Warn("shardsrv: retrying", "request", what, "error", t.err.Error(), "attempt", n+1, "of", attempts, "in", wait)
+		timer := time.NewTimer(wait)
 		select {
-		case <-time.After(sleep):
+		case <-timer.C:
 		case <-ctx.Done():
+			timer.Stop()
 			return ctx.Err()
 		}
-		wait *= 2
+		bound = min(2*bound, MaxBackoff)
 	}
 }
 
-func worthRetrying(err error) bool {
-	var p *ProblemError
-	if errors.As(err, &p) {
-		return p.retryable()
-	}
-	var short *ShortBodyError
-	var uerr *url.Error
-	return errors.As(err, &short) || errors.As(err, &uerr) // aborted streams, refused or reset connections
-}
-
+// getJSON sends a request and decodes its JSON answer, retrying what is worth retrying.
 func (c *Client) getJSON(ctx context.Context, method, path string, body, out any) error {
-	return c.retry(ctx, func() error {
+	return c.retry(ctx, method+" "+path, func() error {
 		res, err := c.do(ctx, method, path, body)
 		if err != nil {
 			return err
 		}
 		defer res.Body.Close()
-		return json.NewDecoder(res.Body).Decode(out)
+		raw, err := io.ReadAll(res.Body)
+		if err != nil {
+			return &transient{err: &ShortBodyError{Got: int64(len(raw)), Want: res.ContentLength, Err: err}}
+		}
+		return json.Unmarshal(raw, out)
 	})
 }
 
@@ -178,11 +236,22 @@ func (c *Client) Checkpoints(ctx context.Context) ([]string, error) {
 	return out.Checkpoints, err
 }
 
-// Tensors lists a checkpoint's tensors.
+// Tensors lists all of a checkpoint's tensors, following the server's pages.
 func (c *Client) Tensors(ctx context.Context, checkpoint string) (*TensorList, error) {
-	var out TensorList
-	err := c.getJSON(ctx, http.MethodGet, "/v1/tensors?checkpoint="+url.QueryEscape(checkpoint), nil, &out)
-	return &out, err
+	var all TensorList
+	q := url.Values{"checkpoint": {checkpoint}}
+	for {
+		var page TensorList
+		if err := c.getJSON(ctx, http.MethodGet, "/v1/tensors?"+q.Encode(), nil, &page); err != nil {
+			return &all, err
+		}
+		all.Checkpoint = page.Checkpoint
+		all.Tensors = append(all.Tensors, page.Tensors...)
+		if page.NextPageToken == nil {
+			return &all, nil
+		}
+		q.Set("page_token", *page.NextPageToken)
+	}
 }
 
 // Plan asks for the plan of a request without reading tensor data.
@@ -192,57 +261,45 @@ func (c *Client) Plan(ctx context.Context, req *ShardRequest) (*PlanResponse, er
 	return &out, err
 }
 
+// Layout asks for the explicit tensors table an engine's rank expands to: the tensors the server
+// serves for a ShardRequest carrying l, ready to send (or edit and send) as Tensors.
+func (c *Client) Layout(ctx context.Context, checkpoint string, l EngineLayout) (*LayoutResponse, error) {
+	var out LayoutResponse
+	err := c.getJSON(ctx, http.MethodPost, "/v1/layouts", &LayoutRequest{Checkpoint: checkpoint, Layout: l}, &out)
+	return &out, err
+}
+
+// filesPath is a checkpoint's files route; a '/' in a name is escaped, as the route wants it.
+func filesPath(checkpoint string) string {
+	return "/v1/checkpoints/" + url.PathEscape(checkpoint) + "/files"
+}
+
+// Files lists a checkpoint's small files (config.json, tokenizer files, ...).
+func (c *Client) Files(ctx context.Context, checkpoint string) (*FileList, error) {
+	var out FileList
+	err := c.getJSON(ctx, http.MethodGet, filesPath(checkpoint), nil, &out)
+	return &out, err
+}
+
+// File writes one of a checkpoint's small files to w and returns its size. The server caps these
+// files (64 MiB), so the body is held in memory until it is whole: w sees one complete write,
+// and a broken stream is retried without w having to start over.
+func (c *Client) File(ctx context.Context, checkpoint, name string, w io.Writer) (int64, error) {
+	var buf bytes.Buffer
+	if _, err := c.download(ctx, http.MethodGet, filesPath(checkpoint)+"/"+url.PathEscape(name), nil, &buf, func() error { buf.Reset(); return nil }, nil); err != nil {
+		return 0, err
+	}
+	return buf.WriteTo(w)
+}
+
 // Progress is told how many bytes of how many arrived.
 type Progress func(done, total int64)
 
-// Fetch streams a shard into w, which must be able to start over: before every attempt after
-// the first, reset is called (truncate the file, rewind the buffer). It checks the body against
-// its Content-Length and returns the bytes written.
+// Fetch streams a shard into w and returns the bytes written. It checks the body against its
+// Content-Length. When an attempt fails after writing, the next one starts over: reset is called
+// first (truncate the file, rewind the buffer); without reset such a failure is not retried.
 func (c *Client) Fetch(ctx context.Context, req *ShardRequest, w io.Writer, reset func() error, progress Progress) (int64, error) {
-	var n int64
-	first := true
-	err := c.retry(ctx, func() error {
-		if !first {
-			if reset == nil {
-				return fmt.Errorf("shardsrv: cannot retry into a writer without reset: %w", errors.ErrUnsupported)
-			}
-			if err := reset(); err != nil {
-				return err
-			}
-		}
-		first = false
-		n = 0
-		res, err := c.do(ctx, http.MethodPost, "/v1/shards", req)
-		if err != nil {
-			return err
-		}
-		defer res.Body.Close()
-		total := res.ContentLength
-		buf := make([]byte, 4<<20)
-		for {
-			m, rerr := res.Body.Read(buf)
-			if m > 0 {
-				if _, werr := w.Write(buf[:m]); werr != nil {
-					return werr
-				}
-				n += int64(m)
-				if progress != nil {
-					progress(n, total)
-				}
-			}
-			if rerr == io.EOF {
-				break
-			}
-			if rerr != nil {
-				return &ShortBodyError{Got: n, Want: total, Err: rerr}
-			}
-		}
-		if total >= 0 && n != total {
-			return &ShortBodyError{Got: n, Want: total, Err: io.ErrUnexpectedEOF}
-		}
-		return nil
-	})
-	return n, err
+	return c.download(ctx, http.MethodPost, "/v1/shards", req, w, reset, progress)
 }
 
 // FetchBytes returns a whole shard in memory.
@@ -250,4 +307,57 @@ func (c *Client) FetchBytes(ctx context.Context, req *ShardRequest) ([]byte, err
 	var buf bytes.Buffer
 	_, err := c.Fetch(ctx, req, &buf, func() error { buf.Reset(); return nil }, nil)
 	return buf.Bytes(), err
+}
+
+// download streams a response body into w, retrying as Fetch says.
+func (c *Client) download(ctx context.Context, method, path string, body any, w io.Writer, reset func() error, progress Progress) (int64, error) {
+	var n int64
+	err := c.retry(ctx, method+" "+path, func() error {
+		if n > 0 { // a failed attempt left bytes in w
+			if err := reset(); err != nil {
+				return err
+			}
+			n = 0
+		}
+		err := c.stream(ctx, method, path, body, w, &n, progress)
+		var t *transient
+		if n > 0 && reset == nil && errors.As(err, &t) {
+			return fmt.Errorf("%w; not retried: %d bytes were written and there is no reset to start over (%w)", t.err, n, errors.ErrUnsupported)
+		}
+		return err
+	})
+	return n, err
+}
+
+// stream sends one request and copies its body into w, counting into n.
+func (c *Client) stream(ctx context.Context, method, path string, body any, w io.Writer, n *int64, progress Progress) error {
+	res, err := c.do(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	total := res.ContentLength
+	buf := make([]byte, 4<<20)
+	for {
+		m, rerr := res.Body.Read(buf)
+		if m > 0 {
+			if _, err := w.Write(buf[:m]); err != nil {
+				return err
+			}
+			*n += int64(m)
+			if progress != nil {
+				progress(*n, total)
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return &transient{err: &ShortBodyError{Got: *n, Want: total, Err: rerr}}
+		}
+	}
+	if total >= 0 && *n != total {
+		return &transient{err: &ShortBodyError{Got: *n, Want: total, Err: io.ErrUnexpectedEOF}}
+	}
+	return nil
 }

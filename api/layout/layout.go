@@ -1,9 +1,13 @@
-// Package layout builds shard requests for the layouts inference engines hold: fused QKV (vLLM's
-// rank-major and the per-KV-group interleave of Megatron and torchtitan), fused gate/up, stacked
-// MoE experts with an expert-parallel split, the RoPE permutation between Hugging Face and Meta
-// layouts, column-, row- and vocabulary-parallel splits, and whole-model presets. Builders take
-// the checkpoint's tensor shapes (GET /v1/tensors) and describe the whole destination tensor,
-// with the boxes of one rank.
+// Package layout builds tensors of shard requests for the layouts inference engines hold, one
+// tensor at a time: fused QKV (vLLM's rank-major and the per-KV-group interleave of Megatron and
+// torchtitan), fused gate/up, stacked MoE experts with an expert-parallel split, the RoPE
+// permutation between Hugging Face and Meta layouts, and column-, row- and vocabulary-parallel
+// splits. Builders take the checkpoint's tensor shapes (GET /v1/tensors) and describe the whole
+// destination tensor, with the boxes of one rank.
+//
+// For a whole model as an engine holds it, do not assemble builders: send the server a layout
+// (api.ShardRequest.Layout, or Client.Layout for the table it expands to). The server reads the
+// checkpoint's config.json and knows each architecture's rules, so there is one source of truth.
 package layout
 
 import (
@@ -105,15 +109,19 @@ func RowParallel(s Shapes, src, dst string, dtype api.DType, tp Rank) (api.Tenso
 	return split(s, src, dst, dtype, 1, tp)
 }
 
-// VocabParallel splits an embedding or LM head [vocab, hidden] by rows after padding the vocabulary
-// to a multiple of padTo x tp (as vLLM pads to 64 per rank); padding rows are zeros.
-func VocabParallel(s Shapes, src, dst string, dtype api.DType, padTo int64, tp Rank) (api.TensorRequest, error) {
+// VocabPadding is what vLLM pads a vocabulary to a multiple of (DEFAULT_VOCAB_PADDING_SIZE in
+// vllm/model_executor/layers/vocab_parallel_embedding.py) before dividing it by TP.
+const VocabPadding = 64
+
+// VocabParallel splits an embedding or LM head [vocab, hidden] by rows as vLLM's
+// VocabParallelEmbedding does: the vocabulary is padded to a multiple of VocabPadding, then divided
+// by TP (it is an error when that does not divide); padding rows are zeros.
+func VocabParallel(s Shapes, src, dst string, dtype api.DType, tp Rank) (api.TensorRequest, error) {
 	sh, err := s.shape(src, 2)
 	if err != nil {
 		return api.TensorRequest{}, err
 	}
-	unit := max(1, padTo) * tp.Size
-	padded := (sh[0] + unit - 1) / unit * unit
+	padded := (sh[0] + VocabPadding - 1) / VocabPadding * VocabPadding
 	if err := tp.check("padded vocabulary", padded); err != nil {
 		return api.TensorRequest{}, err
 	}

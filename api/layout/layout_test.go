@@ -184,43 +184,39 @@ func TestParallelSplits(t *testing.T) {
 	if got := f.fetch(t, ok(t)(layout.ColumnParallel(f.shapes, o, "o", api.BF16, layout.Rank{Size: 4, Index: 2}))); !bytes.Equal(got, f.rows(o, 32, 48)) {
 		t.Error("column-parallel rank 2 of 4 is not rows [32, 48)")
 	}
-	// A vocabulary of 256 padded to 64 per rank over 3 ranks: 384 rows, the last rank all padding.
+	// vLLM's rule: a vocabulary of 256 (a multiple of 64) over 2 ranks is 128 rows each.
 	emb := "model.embed_tokens.weight"
-	if got := f.fetch(t, ok(t)(layout.VocabParallel(f.shapes, emb, "e", api.BF16, 64, layout.Rank{Size: 3, Index: 1}))); !bytes.Equal(got, f.rows(emb, 128, 256)) {
-		t.Error("vocab-parallel rank 1 of 3")
+	if got := f.fetch(t, ok(t)(layout.VocabParallel(f.shapes, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1}))); !bytes.Equal(got, f.rows(emb, 128, 256)) {
+		t.Error("vocab-parallel rank 1 of 2 is not rows [128, 256)")
 	}
-	if got := f.fetch(t, ok(t)(layout.VocabParallel(f.shapes, emb, "e", api.BF16, 64, layout.Rank{Size: 3, Index: 2}))); !bytes.Equal(got, make([]byte, 128*64*2)) {
+	// Padded to 64, not to 64 x TP: 3 ranks do not divide 256 rows.
+	if _, err := layout.VocabParallel(f.shapes, emb, "e", api.BF16, layout.Rank{Size: 3, Index: 1}); err == nil {
+		t.Error("3 ranks cannot split a padded vocabulary of 256")
+	}
+	// 100 rows pad to 128: rank 1 of 2 holds rows [64, 128), of which [100, 128) are zeros.
+	got = f.fetch(t, ok(t)(layout.VocabParallel(layout.Shapes{emb: {100, 64}}, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1})))
+	if want := cat(f.rows(emb, 64, 100), make([]byte, 28*64*2)); !bytes.Equal(got, want) {
 		t.Error("vocab-parallel padding rows are zeros")
 	}
 }
 
-func TestPresets(t *testing.T) {
-	f := newFixture(t)
-	for _, p := range []layout.Preset{
-		{HeadDim: 16, DType: api.BF16, VocabPad: 64, TP: layout.Rank{Size: 2, Index: 1}},
-		{HeadDim: 16, DType: api.F32, VocabPad: 64, TP: layout.Rank{Size: 2, Index: 0}, EP: layout.Rank{Size: 2, Index: 0}},
+// TestVocabParallelFollowsVLLM checks the rows per rank vLLM holds for real vocabularies
+// (pad_vocab_size to 64, then divide by TP), which Megatron's 64 x TP rule gets wrong.
+func TestVocabParallelFollowsVLLM(t *testing.T) {
+	for _, c := range []struct{ vocab, tp, perRank int64 }{
+		{128256, 8, 16032}, // Llama-3
+		{32000, 8, 4000},   // Llama-2
+		{151936, 4, 37984}, // Qwen2
+		{1100, 2, 576},     // padded to 1152
 	} {
-		tensors, err := p.Build(f.shapes)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req := &api.ShardRequest{Checkpoint: example.Name, Tensors: tensors}
-		plan, err := f.client.Plan(context.Background(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := f.fetch(t, tensors...)
-		if int64(len(body)) != plan.Summary.OutputBytes {
-			t.Errorf("preset %+v: %d bytes, the plan says %d", p, len(body), plan.Summary.OutputBytes)
-		}
-		names := map[string]bool{}
-		for _, tr := range tensors {
-			names[tr.Name] = true
-		}
-		for _, want := range []string{"model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
-			"model.layers.1.mlp.experts.w13_weight", "model.layers.1.mlp.experts.w2_weight", "model.layers.1.mlp.gate.weight", "lm_head.weight"} {
-			if !names[want] {
-				t.Errorf("preset has no %s", want)
+		s := layout.Shapes{"e": {c.vocab, 16}}
+		for r := range c.tp {
+			tr, err := layout.VocabParallel(s, "e", "e", api.BF16, layout.Rank{Size: c.tp, Index: r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if box := tr.Boxes[0]; box.Lengths[0] != c.perRank || box.Offsets[0] != r*c.perRank || tr.Shape[0] != c.tp*c.perRank {
+				t.Errorf("vocab %d TP %d rank %d: box %v of %v, want %d rows at %d", c.vocab, c.tp, r, box, tr.Shape, c.perRank, r*c.perRank)
 			}
 		}
 	}

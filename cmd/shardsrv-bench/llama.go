@@ -14,7 +14,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/shardsrv/shardsrv/api"
-	"github.com/shardsrv/shardsrv/api/layout"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 )
@@ -69,15 +68,27 @@ func uploadLlama(g *s3test.Gateway) (total int64) {
 	}
 	index, _ := json.Marshal(map[string]any{"metadata": map[string]any{"total_size": total}, "weight_map": weightMap})
 	must(g.PutErr(bucket, "llama3-8b-2l/model.safetensors.index.json", index))
+	config, _ := json.Marshal(llamaConfig())
+	must(g.PutErr(bucket, "llama3-8b-2l/config.json", config))
 	return total
 }
 
-// llamaRank is one TP=8 rank's whole request, as vLLM lays the model out (api/layout's preset):
-// vocabulary-parallel embedding, fused QKV and gate/up, row-parallel o and down, replicated norms.
-func llamaRank(shapes layout.Shapes, rank int64) api.ShardRequest {
-	tensors, err := layout.Preset{HeadDim: 128, DType: api.BF16, VocabPad: 64, TP: layout.Rank{Size: tp, Index: rank}}.Build(shapes)
-	must(err)
-	return api.ShardRequest{Checkpoint: "llama3-8b-2l", Tensors: tensors}
+// llamaConfig is the config.json the server lays the model out from: Llama-3-8B cut to two
+// layers. The embeddings are tied because the checkpoint holds no separate LM head: each rank
+// holds the embedding once.
+func llamaConfig() map[string]any {
+	return map[string]any{
+		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama", "torch_dtype": "bfloat16",
+		"hidden_size": hidden, "num_attention_heads": qRows / 128, "num_key_value_heads": kvRows / 128, "head_dim": 128,
+		"num_hidden_layers": 2, "intermediate_size": inter, "vocab_size": vocab, "tie_word_embeddings": true,
+	}
+}
+
+// llamaRank is one TP=8 rank's whole request: the server lays the model out as vLLM holds it
+// (vocabulary-parallel embedding, fused QKV and gate/up, row-parallel o and down, replicated norms).
+func llamaRank(rank int64) api.ShardRequest {
+	size := int64(tp)
+	return api.ShardRequest{Checkpoint: "llama3-8b-2l", Layout: &api.EngineLayout{Engine: api.Vllm, TensorParallelSize: &size, TpRank: &rank}}
 }
 
 // naiveRank is today's loader: download every file the rank touches whole, parse it, slice.
@@ -133,10 +144,7 @@ func startupScenario(r *report, bin string, g *s3test.Gateway, env []string) {
 	// row-parallel column slabs, which each read whole rows, share the cache's chunks.
 	srv := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", proxy.URL)
 	defer srv.stop()
-	list, err := api.NewClient("http://"+srv.addr).Tensors(context.Background(), "llama3-8b-2l")
-	must(err)
-	shapes := layout.ShapesOf(list)
-	got, gets, bytes := measure(func(rank int64) { fetch("http://"+srv.addr+"/v1/shards", llamaRank(shapes, rank)) }, proxy)
+	got, gets, bytes := measure(func(rank int64) { fetch("http://"+srv.addr+"/v1/shards", llamaRank(rank)) }, proxy)
 	r.add(fmt.Sprintf("TP=8 startup over S3: all 8 ranks of two Llama-3-8B layers and the embedding (%.2f GiB of BF16), each rank's shard in one request", float64(total)/(1<<30)),
 		row{"naive loader (each rank downloads every file whole with the AWS SDK, parses, slices)", p50(naive) + " wall", fmt.Sprintf("%.2f GiB from S3 in %d requests (first run)", float64(naiveBytes)/(1<<30), naiveGets)},
 		row{"shardsrv (default settings, cache on)", p50(got) + " wall", fmt.Sprintf("%.2f GiB from S3 in %d requests (first run)", float64(bytes)/(1<<30), gets)},

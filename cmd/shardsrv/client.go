@@ -2,18 +2,21 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
-	"github.com/shardsrv/shardsrv/api/layout"
 )
 
 // clientFlags are what every client subcommand takes.
@@ -39,6 +42,82 @@ func envOr(name, def string) string {
 	return def
 }
 
+// layoutFlags are an engine's rank, as the server lays it out (api.EngineLayout).
+type layoutFlags struct {
+	engine string
+	tp, dp int64
+	rank   string // a TP rank, or "all" where a command takes every rank
+	dpRank int64
+	ep     bool
+	dtype  string
+}
+
+// engines are the engines the server lays out (docs/engines.md); the server has the last word.
+const engines = "vllm, or megatron (Llama family)"
+
+func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rankHelp string) {
+	fs.StringVar(&l.engine, engineFlag, engineDefault, "inference `ENGINE` whose per-rank parameters to serve: "+engines)
+	fs.Int64Var(&l.tp, "tp", 1, "tensor-parallel size (vLLM's tensor_parallel_size)")
+	fs.StringVar(&l.rank, "rank", "0", rankHelp)
+	fs.Int64Var(&l.dp, "dp", 1, "data-parallel size (data_parallel_size); with --ep, experts spread over TP x DP ranks")
+	fs.Int64Var(&l.dpRank, "dp-rank", 0, "data-parallel rank (dp_rank)")
+	fs.BoolVar(&l.ep, "ep", false, "expert parallelism (enable_expert_parallel): each rank holds whole experts, spread over the TP x DP ranks;\nwithout it every expert is split by TP like the other weights, as vLLM does by default")
+	fs.StringVar(&l.dtype, "dtype", "", "`DTYPE` the engine runs in: BF16, F16 or F32, any case (default the checkpoint's torch_dtype)")
+}
+
+// ranks reads --rank: one TP rank, or with all every rank of --tp.
+func (l *layoutFlags) ranks(all bool) ([]int64, error) {
+	if all && l.rank == "all" {
+		var out []int64
+		for r := range l.tp {
+			out = append(out, r)
+		}
+		return out, nil
+	}
+	r, err := strconv.ParseInt(l.rank, 10, 64)
+	if err != nil {
+		if all {
+			return nil, fmt.Errorf("--rank %q: a TP rank or all", l.rank)
+		}
+		return nil, fmt.Errorf("--rank %q: a TP rank", l.rank)
+	}
+	return []int64{r}, nil
+}
+
+// layout is the rank's api.EngineLayout; the server checks the numbers against the model.
+func (l *layoutFlags) layout(tpRank int64) api.EngineLayout {
+	el := api.EngineLayout{Engine: api.EngineLayoutEngine(l.engine), TensorParallelSize: &l.tp, TpRank: &tpRank,
+		DataParallelSize: &l.dp, DpRank: &l.dpRank, EnableExpertParallel: &l.ep}
+	if l.dtype != "" {
+		dt := api.DType(strings.ToUpper(l.dtype)) // the contract spells dtypes in capitals; people type bf16
+		el.Dtype = &dt
+	}
+	return el
+}
+
+// newFlagSet is a subcommand's flag set whose -h prints usage (what it does and an example),
+// then the flags.
+func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage, "\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args and refuses stray arguments, which the flag package would silently ignore.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q (see 'shardsrv %s -h')", fs.Name(), fs.Arg(0), fs.Name())
+	}
+	return nil
+}
+
 func readRequest(path string) (*api.ShardRequest, error) {
 	var r io.Reader = os.Stdin
 	if path != "-" {
@@ -58,94 +137,279 @@ func readRequest(path string) (*api.ShardRequest, error) {
 	return &req, nil
 }
 
-func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+// size prints a byte count in the largest unit it holds one of, so small shards do not read 0.0 MiB.
+func size(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
-func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+// eta is how long the rest takes at the rate so far.
+func eta(done, total int64, elapsed time.Duration) string {
+	if done <= 0 || total <= 0 || elapsed <= 0 {
+		return "?"
+	}
+	return time.Duration(float64(elapsed) * float64(total-done) / float64(done)).Round(time.Second).String()
+}
 
-// fetch: shardsrv fetch --request FILE -o OUT
-func fetch(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("fetch", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf clientFlags
-	cf.register(fs)
-	reqPath := fs.String("request", "", "shard request `FILE` (JSON; - for stdin)")
-	out := fs.String("o", "", "output `FILE` (raw bytes, or a safetensors file with \"format\": \"safetensors\")")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: shardsrv fetch --server URL --request FILE -o OUT\n\nFetches a shard, retrying what is safe to retry; shows progress on a terminal.\n\nFlags:\n")
-		fs.PrintDefaults()
+// bar draws a fetch's progress on a terminal, at most ten times a second.
+type bar struct {
+	w           io.Writer
+	start, last time.Time
+	drawn       bool
+}
+
+// newBar returns a bar on stderr when it is a terminal, else nil (which draws nothing).
+func newBar(stderr io.Writer) *bar {
+	f, ok := stderr.(*os.File)
+	if !ok {
+		return nil
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
+	if fi, err := f.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return nil
 	}
-	if *reqPath == "" || *out == "" {
-		fs.Usage()
-		return errors.New("--request and -o are required")
+	return &bar{w: stderr, start: time.Now()}
+}
+
+func (b *bar) progress() api.Progress {
+	if b == nil {
+		return nil
 	}
-	req, err := readRequest(*reqPath)
+	return func(done, total int64) {
+		if time.Since(b.last) < 100*time.Millisecond && done != total {
+			return
+		}
+		b.last, b.drawn = time.Now(), true
+		const width = 30
+		filled, of := 0, "?"
+		if total > 0 {
+			filled, of = int(width*done/total), size(total)
+		}
+		elapsed := time.Since(b.start)
+		rate := float64(done) / max(elapsed.Seconds(), 1e-9)
+		fmt.Fprintf(b.w, "\r[%s%s] %s / %s  %s/s  ETA %s ", strings.Repeat("#", filled), strings.Repeat(".", width-filled),
+			size(done), of, size(int64(rate)), eta(done, total, elapsed))
+	}
+}
+
+// end ends the bar's line, so what follows (a summary, an error) starts on its own.
+func (b *bar) end() {
+	if b != nil && b.drawn {
+		fmt.Fprintln(b.w)
+	}
+}
+
+// writeAtomic writes name under root through a temporary file that takes the name only once fill
+// succeeded: a failed fetch leaves whatever was there untouched and no partial file behind.
+func writeAtomic(root *os.Root, name string, fill func(f *os.File) error) error {
+	if dir := path.Dir(name); dir != "." {
+		if err := root.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	tmp := path.Join(path.Dir(name), "."+path.Base(name)+".tmp-"+rand.Text())
+	f, err := root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
 	}
-	f, err := os.Create(*out)
-	if err != nil {
-		return err
+	err = fill(f)
+	if err == nil {
+		err = f.Sync() // the rename must not publish a file whose bytes are not on disk yet
 	}
-	defer f.Close()
-	reset := func() error {
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = root.Rename(tmp, name)
+	}
+	if err != nil {
+		root.Remove(tmp)
+	}
+	return err
+}
+
+// rewind lets a retried fetch start the file over.
+func rewind(f *os.File) func() error {
+	return func() error {
 		if err := f.Truncate(0); err != nil {
 			return err
 		}
 		_, err := f.Seek(0, io.SeekStart)
 		return err
 	}
-	start := time.Now()
-	tty := isTerminal(os.Stderr)
-	var last time.Time
-	progress := func(done, total int64) {
-		if !tty || time.Since(last) < 100*time.Millisecond && done != total {
-			return
-		}
-		last = time.Now()
-		elapsed := time.Since(start).Seconds()
-		rate := float64(done) / max(elapsed, 1e-9)
-		eta := "?"
-		if total > 0 && rate > 0 {
-			eta = (time.Duration(float64(total-done)/rate) * time.Second / time.Second).Round(time.Second).String()
-		}
-		width := 30
-		filled := 0
-		if total > 0 {
-			filled = int(float64(width) * float64(done) / float64(total))
-		}
-		fmt.Fprintf(stderr, "\r[%s%s] %s / %s  %.1f MiB/s  ETA %s ", strings.Repeat("#", filled), strings.Repeat(".", width-filled), mib(done), mib(total), rate/(1<<20), eta)
+}
+
+const fetchUsage = `Usage:
+  shardsrv fetch --request FILE -o OUT|-
+  shardsrv fetch --checkpoint NAME --layout vllm --tp N --rank R|all [--dp N --dp-rank R --ep] [--dtype DTYPE] --out DIR
+
+The first form POSTs a shard request (JSON, such as 'shardsrv layout' prints) to /v1/shards and
+writes the body (raw bytes, or a safetensors file when the request says "format": "safetensors")
+to OUT, or to stdout with -o -. OUT is written through a temporary file renamed once the body is
+whole: when the fetch fails, OUT is left as it was.
+
+The second writes a directory vLLM loads with --load-format sharded_state: for each TP rank R
+(every rank of --tp with --rank all), DIR/model-rank-R-part-0.safetensors holding the parameters
+vLLM holds on that rank, as the server lays them out from the checkpoint's config.json; and every
+small file of the checkpoint (config.json, generation_config.json, tokenizer files). Each file
+appears whole or not at all. With --ep and --dp above 1 the DP ranks hold different experts under
+the same file names: give each DP rank its own DIR.
+
+Overload, storage trouble and broken connections are retried with jittered backoff, each retry
+logged on stderr; a request the server refuses (4xx) is not. A progress bar shows on a terminal.
+
+Examples:
+  shardsrv fetch --server http://localhost:8080 --request rank1.json -o rank1.bin
+  shardsrv layout --checkpoint llama-tiny --tp 2 --rank 1 | shardsrv fetch --request - -o - | xxd | head
+  shardsrv fetch --server http://localhost:8080 --checkpoint llama-tiny --layout vllm --tp 2 --rank all --out /models/llama-tiny-tp2
+  vllm serve /models/llama-tiny-tp2 --load-format sharded_state --tensor-parallel-size 2
+`
+
+// fetch: shardsrv fetch --request FILE -o OUT, or --checkpoint NAME --layout ENGINE ... --out DIR.
+func fetch(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("fetch", fetchUsage, stderr)
+	var cf clientFlags
+	cf.register(fs)
+	reqPath := fs.String("request", "", "shard request `FILE` (JSON; - for stdin)")
+	out := fs.String("o", "", "with --request: output `FILE`, or - for stdout")
+	ckpt := fs.String("checkpoint", "", "with --layout: checkpoint `NAME` on the server")
+	dir := fs.String("out", "", "with --layout: `DIR` to write the rank files and the checkpoint's small files into (created if missing)")
+	var lf layoutFlags
+	lf.register(fs, "layout", "", "with --layout: the TP `RANK` to fetch, or all")
+	if err := parse(fs, args); err != nil {
+		return err
 	}
-	n, err := cf.client().Fetch(context.Background(), req, f, reset, progress)
-	if tty {
-		fmt.Fprintln(stderr)
+	ctx := context.Background()
+	switch {
+	case *reqPath != "" && *out != "" && lf.engine == "" && *dir == "":
+		return fetchRequest(ctx, cf.client(), *reqPath, *out, stdout, stderr)
+	case lf.engine != "" && *ckpt != "" && *dir != "" && *reqPath == "" && *out == "":
+		return fetchLayout(ctx, cf.client(), *ckpt, &lf, *dir, stderr)
 	}
+	return errors.New("fetch: give --request FILE -o OUT, or --checkpoint NAME --layout vllm --out DIR (see 'shardsrv fetch -h')")
+}
+
+func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdout, stderr io.Writer) error {
+	req, err := readRequest(reqPath)
 	if err != nil {
 		return err
 	}
-	took := time.Since(start)
-	fmt.Fprintf(stderr, "fetched %s into %s in %.2fs (%.1f MiB/s)\n", mib(n), *out, took.Seconds(), float64(n)/(1<<20)/took.Seconds())
-	return f.Close()
+	start := time.Now()
+	b := newBar(stderr)
+	var n int64
+	if out == "-" {
+		// stdout cannot start over: the client retries only failures before the first byte.
+		n, err = c.Fetch(ctx, req, stdout, nil, b.progress())
+	} else {
+		root, rerr := os.OpenRoot(filepath.Dir(out))
+		if rerr != nil {
+			return rerr
+		}
+		defer root.Close()
+		err = writeAtomic(root, filepath.Base(out), func(f *os.File) (err error) {
+			n, err = c.Fetch(ctx, req, f, rewind(f), b.progress())
+			return err
+		})
+	}
+	b.end()
+	if err != nil {
+		return err
+	}
+	fetched(stderr, out, n, time.Since(start))
+	return nil
 }
+
+func fetched(stderr io.Writer, what string, n int64, took time.Duration) {
+	if what == "-" {
+		what = "stdout"
+	}
+	fmt.Fprintf(stderr, "fetched %s into %s in %.2fs (%s/s)\n", size(n), what, took.Seconds(), size(int64(float64(n)/max(took.Seconds(), 1e-9))))
+}
+
+// fetchLayout writes the sharded_state directory of a layout's ranks.
+func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlags, dir string, stderr io.Writer) error {
+	if lf.engine != string(api.Vllm) {
+		// The directory is vLLM's sharded_state; another engine's rank is a request to fetch.
+		return fmt.Errorf("fetch: --out DIR writes vLLM's sharded_state, not a %s checkpoint; fetch another engine's rank with 'shardsrv layout --engine %[1]s' and --request", lf.engine)
+	}
+	ranks, err := lf.ranks(true)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	// The small files first: they fail fast when the checkpoint is wrong.
+	files, err := c.Files(ctx, ckpt)
+	if err != nil {
+		return err
+	}
+	for _, fi := range files.Files {
+		err := writeAtomic(root, fi.Name, func(f *os.File) error {
+			_, err := c.File(ctx, ckpt, fi.Name, f)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("%s: %w", fi.Name, err)
+		}
+	}
+	st := api.Safetensors
+	for _, r := range ranks {
+		l := lf.layout(r)
+		req := &api.ShardRequest{Checkpoint: ckpt, Format: &st, Layout: &l}
+		// vLLM's ShardedStateLoader reads model-rank-{tp rank}-part-{part}.safetensors.
+		name := fmt.Sprintf("model-rank-%d-part-0.safetensors", r)
+		start := time.Now()
+		b := newBar(stderr)
+		var n int64
+		err := writeAtomic(root, name, func(f *os.File) (err error) {
+			n, err = c.Fetch(ctx, req, f, rewind(f), b.progress())
+			return err
+		})
+		b.end()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		fetched(stderr, filepath.Join(dir, name), n, time.Since(start))
+	}
+	fmt.Fprintf(stderr, "wrote %d rank files and %d checkpoint files into %s\n", len(ranks), len(files.Files), dir)
+	return nil
+}
+
+const planUsage = `Usage: shardsrv plan --request FILE [--json]
+
+Asks the server how it would serve a shard request (POST /v1/plan), without reading tensor data,
+and prints a table: per tensor, its boxes, the bytes it outputs, and the storage reads it makes and
+the bytes they read; then the totals and the read amplification (bytes read / bytes needed).
+
+Examples:
+  shardsrv plan --server http://localhost:8080 --request rank1.json
+  shardsrv layout --checkpoint llama-tiny --tp 2 --rank 1 | shardsrv plan --request -
+`
 
 // plan: shardsrv plan --request FILE
 func planCmd(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("plan", planUsage, stderr)
 	var cf clientFlags
 	cf.register(fs)
 	reqPath := fs.String("request", "", "shard request `FILE` (JSON; - for stdin)")
 	asJSON := fs.Bool("json", false, "print the server's plan as JSON instead of a table")
-	if err := fs.Parse(args); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *reqPath == "" {
-		return errors.New("--request is required")
+		return errors.New("plan: --request is required (see 'shardsrv plan -h')")
 	}
 	req, err := readRequest(*reqPath)
 	if err != nil {
@@ -171,67 +435,68 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 				read += r.Length
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", t.Name, len(t.Boxes), mib(out), reads, mib(read))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", t.Name, len(t.Boxes), size(out), reads, size(read))
 	}
 	s := plan.Summary
 	amp := 0.0
 	if s.NeededBytes > 0 {
 		amp = float64(s.ReadBytes) / float64(s.NeededBytes)
 	}
-	fmt.Fprintf(tw, "total\t\t%s\t%d\t%s\t\n", mib(s.OutputBytes), s.ReadRequests, mib(s.ReadBytes))
+	fmt.Fprintf(tw, "total\t\t%s\t%d\t%s\t\n", size(s.OutputBytes), s.ReadRequests, size(s.ReadBytes))
 	tw.Flush()
-	fmt.Fprintf(stdout, "\nneeded %s, read %s in %d requests: amplification %.3f\n", mib(s.NeededBytes), mib(s.ReadBytes), s.ReadRequests, amp)
+	fmt.Fprintf(stdout, "\nneeded %s, read %s in %d requests: amplification %.3f\n", size(s.NeededBytes), size(s.ReadBytes), s.ReadRequests, amp)
 	return nil
 }
 
-// layoutCmd: shardsrv layout PRESET --checkpoint NAME --tp N --rank R
+const layoutUsage = `Usage: shardsrv layout --checkpoint NAME [--engine vllm] --tp N --rank R [--dp N --dp-rank R --ep] [--dtype DTYPE] [--format json|table]
+
+Prints the tensors an inference engine holds on one rank, as the server lays them out from the
+checkpoint's config.json (POST /v1/layouts): the engine's parameter names, each tensor of the
+rank's parameter shape, with the table that says where each element comes from. json (the
+default) is a shard request body carrying that explicit table, ready to POST to /v1/shards (or to
+'shardsrv plan' and 'shardsrv fetch') as it is or edited; table lists name, dtype and shape.
+To fetch a rank without a table, 'shardsrv fetch --layout' sends the layout itself.
+
+Examples:
+  shardsrv layout --server http://localhost:8080 --checkpoint llama-tiny --tp 2 --rank 1 --format table
+  shardsrv layout --checkpoint llama-tiny --tp 2 --rank 1 --ep --dtype bf16 > rank1.json
+`
+
+// layoutCmd: shardsrv layout --checkpoint NAME --engine vllm --tp N --rank R
 func layoutCmd(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("layout", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("layout", layoutUsage, stderr)
 	var cf clientFlags
 	cf.register(fs)
-	ckpt := fs.String("checkpoint", "", "checkpoint `NAME` on the server")
-	tp := fs.Int64("tp", 1, "tensor-parallel size")
-	ep := fs.Int64("ep", 0, "expert-parallel size for MoE layers (0: experts whole on every rank)")
-	rank := fs.Int64("rank", 0, "this rank (its TP rank; its EP rank is rank % ep)")
-	headDim := fs.Int64("head-dim", 128, "attention head dimension")
-	dtype := fs.String("dtype", "BF16", "dtype the engine holds weights in")
-	format := fs.String("format", "raw", "raw or safetensors")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: shardsrv layout llama|qwen-moe --checkpoint NAME --tp N --rank R [flags]\n\n"+
-			"Prints the shard request of one rank of a whole model as vLLM lays it out: fused QKV and gate/up,\n"+
-			"row-parallel o and down projections, vocabulary-parallel embedding and LM head, replicated norms,\n"+
-			"and for MoE layers (qwen-moe) the router replicated and experts stacked as w13 and w2.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fs.Usage()
-		return errors.New("name a preset: llama or qwen-moe")
-	}
-	preset := args[0]
-	if err := fs.Parse(args[1:]); err != nil {
+	ckpt := fs.String("checkpoint", "", "checkpoint `NAME` on the server (required)")
+	format := fs.String("format", "json", "`FORMAT`: json (a shard request body) or table (name, dtype, shape)")
+	var lf layoutFlags
+	lf.register(fs, "engine", "vllm", "the TP `RANK` (tp_rank)")
+	if err := parse(fs, args); err != nil {
 		return err
-	}
-	if preset != "llama" && preset != "qwen-moe" {
-		return fmt.Errorf("unknown preset %q: llama or qwen-moe", preset)
 	}
 	if *ckpt == "" {
-		return errors.New("--checkpoint is required")
+		return errors.New("layout: --checkpoint is required (see 'shardsrv layout -h')")
 	}
-	list, err := cf.client().Tensors(context.Background(), *ckpt)
+	if *format != "json" && *format != "table" {
+		return fmt.Errorf("layout: --format %q: json or table", *format)
+	}
+	ranks, err := lf.ranks(false)
 	if err != nil {
 		return err
 	}
-	p := layout.Preset{HeadDim: *headDim, DType: api.DType(*dtype), VocabPad: 64, TP: layout.Rank{Size: *tp, Index: *rank}}
-	if *ep > 0 {
-		p.EP = layout.Rank{Size: *ep, Index: *rank % *ep}
-	}
-	tensors, err := p.Build(layout.ShapesOf(list))
+	table, err := cf.client().Layout(context.Background(), *ckpt, lf.layout(ranks[0]))
 	if err != nil {
 		return err
 	}
-	f := api.ShardRequestFormat(*format)
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(api.ShardRequest{Checkpoint: *ckpt, Format: &f, Tensors: tensors})
+	if *format == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(api.ShardRequest{Checkpoint: table.Checkpoint, Tensors: table.Tensors})
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "tensor\tdtype\tshape")
+	for _, t := range table.Tensors {
+		fmt.Fprintf(tw, "%s\t%s\t%v\n", t.Name, t.Dtype, t.Shape)
+	}
+	return tw.Flush()
 }

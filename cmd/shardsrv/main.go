@@ -42,13 +42,19 @@ const usage = `shardsrv serves remapped tensor shards from safetensors checkpoin
 Usage:
   shardsrv serve   [flags]                      run the HTTP service (see 'shardsrv serve -h')
   shardsrv example --out DIR                    write the example checkpoint and requests, print curl commands
-  shardsrv fetch   --server URL --request FILE -o OUT   fetch a shard (progress on a terminal)
-  shardsrv plan    --server URL --request FILE  show what a request reads: a table per tensor
-  shardsrv layout  llama|qwen-moe --server URL --checkpoint NAME --tp N --rank R   print a rank's request
+  shardsrv layout  --checkpoint NAME --tp N --rank R [--ep] [--format json|table]
+                                                print the tensors vLLM holds on a rank (a request body, or a table)
+  shardsrv plan    --request FILE               show what a request reads: a table per tensor
+  shardsrv fetch   --request FILE -o OUT|-      fetch a shard into a file or stdout (progress on a terminal)
+  shardsrv fetch   --checkpoint NAME --layout vllm --tp N --rank R|all --out DIR
+                                                write a directory vLLM loads with --load-format sharded_state
+
+The client commands take --server URL (SHARDSRV_SERVER, default http://localhost:8080) and --token
+(SHARDSRV_TOKEN); 'shardsrv COMMAND -h' explains each command's flags, with examples.
 
 A client POSTs the boxes of destination tensors it holds and the remap table (blocks) to
-/v1/shards; the service reads only the byte ranges it needs and streams back the bytes.
-See README.md and openapi.yaml.
+/v1/shards, or an engine's rank ("layout") that the server expands; the service reads only the
+byte ranges it needs and streams back the bytes. See README.md and openapi.yaml.
 `
 
 func main() {
@@ -77,10 +83,17 @@ func main() {
 	}
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "shardsrv:", err)
+			fmt.Fprintln(os.Stderr, errorLine(err))
 		}
 		os.Exit(1)
 	}
+}
+
+// errorLine is how a command's error is printed: prefixed once, though the client's errors
+// (problems from the server) carry the prefix already, also when wrapped ("FILE: shardsrv: ...").
+func errorLine(err error) string {
+	msg := strings.ReplaceAll(err.Error(), ": shardsrv: ", ": ")
+	return "shardsrv: " + strings.TrimPrefix(msg, "shardsrv: ")
 }
 
 // config is serve's configuration, from flags with SHARDSRV_* fallbacks.

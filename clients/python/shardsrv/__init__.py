@@ -2,27 +2,45 @@
 
 Standard library only. numpy and torch are used when installed, by ``to_numpy`` and ``to_torch``.
 
-    from shardsrv import Client, layout
+    from shardsrv import Client, parse_safetensors
     c = Client("http://shardsrv:8080")
-    shapes = layout.shapes(c.tensors("llama-tiny"))
-    req = {"checkpoint": "llama-tiny",
-           "tensors": [layout.fused_qkv(shapes, "model.layers.0.self_attn.", "qkv", "BF16", 16, tp=2, rank=1)]}
-    raw = c.fetch(req)
+    rank = {"engine": "vllm", "tensor_parallel_size": 2, "tp_rank": 1}
+    body = c.fetch("llama-tiny", layout=rank, format="safetensors")  # the parameters vLLM holds on the rank
+    tensors, meta = parse_safetensors(body)
+    table = c.layout("llama-tiny", rank)             # the explicit table the layout expands to
+    raw = c.fetch("llama-tiny", tensors=table)       # an explicit (perhaps edited) table
+    raw = c.fetch({"checkpoint": "llama-tiny", "tensors": table})   # or a whole request body
+
+The server lays out whole models from the checkpoint's config.json, so the layouts live in one
+place; a table of your own goes in ``tensors`` (see README.md for blocks and boxes).
 """
 
+import ctypes
+import email.utils
+import http.client
 import json
+import logging
+import random
+import ssl
 import struct
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
-from . import layout  # noqa: F401  (re-exported)
+__all__ = ["Client", "ProblemError", "ShortBodyError", "parse_safetensors", "to_numpy", "to_torch"]
 
-__all__ = ["Client", "ProblemError", "ShortBodyError", "parse_safetensors", "to_numpy", "to_torch", "layout"]
+log = logging.getLogger("shardsrv")
 
 DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32": 4, "U64": 8, "I64": 8,
-               "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+               "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+
+# Statuses another attempt may cure: a time-out or overload (408, 429, 503, 504), storage trouble
+# (502), a checkpoint file that changed under the request (409: the next attempt reads the new
+# version). Any other 4xx is the request's fault and fails the same way every time.
+RETRY_STATUSES = frozenset({408, 409, 429, 502, 503, 504})
+
+_CHUNK = 4 << 20  # bytes read at once: the unit of progress reports
 
 
 class ProblemError(Exception):
@@ -30,13 +48,14 @@ class ProblemError(Exception):
 
     def __init__(self, status, title, detail=None, errors=None, type_=None):
         self.status, self.title, self.detail, self.errors, self.type = status, title, detail, errors or [], type_
+        self.retry_after = None
         lines = [f"shardsrv: {status} {title}" + (f": {detail}" if detail else "")]
         lines += [f"  {e.get('pointer')}: {e.get('detail')}" for e in self.errors]
         super().__init__("\n".join(lines))
 
     @property
     def retryable(self):
-        return self.status in (409, 502, 503, 504)
+        return self.status in RETRY_STATUSES
 
 
 class ShortBodyError(Exception):
@@ -47,17 +66,103 @@ class ShortBodyError(Exception):
         super().__init__(f"shardsrv: the body ended after {got} of {want} bytes")
 
 
-class Client:
-    """A shardsrv client; retries overload, storage trouble and aborted streams."""
+def _transient(e):
+    """Whether another attempt may cure e: overload, storage trouble, a broken connection."""
+    if isinstance(e, ProblemError):
+        return e.retryable
+    if isinstance(e, ShortBodyError):
+        return True
+    if isinstance(e, urllib.error.URLError):  # HTTPError never gets here: _open makes it a ProblemError
+        e = e.reason  # a str for what no retry cures (an unknown URL type)
+    if isinstance(e, (ssl.SSLCertVerificationError, http.client.InvalidURL)):
+        return False
+    return isinstance(e, (OSError, http.client.HTTPException))  # refused, reset, timed out, cut short
 
-    def __init__(self, base_url, token=None, attempts=5, backoff=0.5, timeout=600):
+
+def _retry_after(value):
+    """Seconds a Retry-After header asks for (seconds or an HTTP date); 0 when absent."""
+    if not value:
+        return 0.0
+    if value.strip().isdigit():
+        return float(value)
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _quote(name):
+    return urllib.parse.quote(name, safe="")  # '/' in a checkpoint name goes as %2F
+
+
+def _length(res):
+    n = res.headers.get("Content-Length")
+    return int(n) if n is not None else -1
+
+
+def _read_into(res, view, total, progress):
+    """Reads the body straight into view (no intermediate buffer); returns the bytes read."""
+    done = 0
+    while done < len(view):
+        n = res.readinto(view[done:done + _CHUNK])
+        if not n:
+            break
+        done += n
+        if progress:
+            progress(done, total)
+    if total >= 0 and done != total:
+        raise ShortBodyError(done, total)
+    if total < 0 and res.read(1):
+        raise ValueError(f"shardsrv: the shard is longer than the {len(view)} bytes of the buffer")
+    return done
+
+
+def _bytes_of(out):
+    """A writable byte view of out's memory, or None when out is not a buffer (a file object)."""
+    try:
+        view = memoryview(out)
+    except TypeError:
+        view = _torch_bytes(out)
+        if view is None:
+            return None
+    view = view.cast("B")  # raises TypeError for a buffer that is not contiguous
+    if view.readonly:
+        raise TypeError("shardsrv: fetch_into needs a writable buffer")
+    return view
+
+
+def _torch_bytes(out):
+    """The memory of a CPU torch tensor or storage, which have no buffer protocol
+    (pytorch/pytorch#69491): viewed through ctypes, without a copy; None for anything else."""
+    if not callable(getattr(out, "data_ptr", None)) or not hasattr(out, "nbytes") or not hasattr(out, "device"):
+        return None
+    if str(out.device) != "cpu":
+        raise TypeError(f"shardsrv: fetch_into writes host memory, not {out.device}; fetch into a CPU (pinned) buffer and copy")
+    if callable(getattr(out, "is_contiguous", None)) and not out.is_contiguous():
+        raise TypeError("shardsrv: fetch_into needs a contiguous tensor")
+    nbytes = out.nbytes() if callable(out.nbytes) else out.nbytes  # a storage's method, a tensor's property
+    return memoryview((ctypes.c_char * nbytes).from_address(out.data_ptr()))
+
+
+class Client:
+    """A shardsrv client. It retries what another attempt may cure (overload, storage trouble,
+    broken connections) with jittered exponential backoff, logging each retry on the "shardsrv"
+    logger, and never what cannot succeed (a malformed URL, a request the server refuses)."""
+
+    def __init__(self, base_url, token=None, attempts=5, backoff=0.5, timeout=600, max_backoff=30.0):
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"shardsrv: server {base_url!r} is not a URL such as http://shardsrv:8080")
         self.base_url = base_url.rstrip("/")
+        # timeout bounds each connect and each read, not a whole (possibly long) body.
         self.token, self.attempts, self.backoff, self.timeout = token, attempts, backoff, timeout
+        self.max_backoff = max_backoff
 
     def _open(self, method, path, body=None):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
-        req.add_header("Content-Type", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", "Bearer " + self.token)
         try:
@@ -71,64 +176,147 @@ class Client:
             err.retry_after = e.headers.get("Retry-After")
             raise err from None
 
-    def _retry(self, attempt):
-        wait = self.backoff
-        for n in range(1, max(1, self.attempts) + 1):
+    def _retry(self, what, attempt):
+        """Runs attempt until it succeeds, fails in a way no retry cures, or the attempts run out.
+        Each wait is drawn below a bound that doubles (full jitter), on top of any Retry-After, so
+        pods told to back off together do not come back in lockstep."""
+        attempts = max(1, self.attempts)  # zero or fewer still sends the request once
+        bound = self.backoff
+        for n in range(1, attempts + 1):
             try:
                 return attempt()
-            except (ProblemError, ShortBodyError, urllib.error.URLError, ConnectionError) as e:
-                if n == self.attempts or (isinstance(e, ProblemError) and not e.retryable):
+            except Exception as e:
+                if n == attempts or not _transient(e):
                     raise
-                retry_after = getattr(e, "retry_after", None)
-                time.sleep(float(retry_after) if retry_after and retry_after.isdigit() else wait)
-                wait *= 2
+                wait = _retry_after(getattr(e, "retry_after", None)) + random.uniform(0, bound)
+                log.warning("retrying %s in %.2fs (attempt %d of %d): %s", what, wait, n + 1, attempts, e)
+                time.sleep(wait)
+                bound = min(2 * bound, self.max_backoff)
 
     def _json(self, method, path, body=None):
         def attempt():
             with self._open(method, path, body) as res:
                 return json.loads(res.read())
-        return self._retry(attempt)
+        return self._retry(f"{method} {path}", attempt)
+
+    @staticmethod
+    def _request(request, layout, tensors, format):
+        """A shard request: request itself (a dict), or a checkpoint name with layout= or tensors=."""
+        if isinstance(request, str):
+            if (layout is None) == (tensors is None):
+                raise ValueError("shardsrv: give a checkpoint name with layout= or tensors=")
+            request = {"checkpoint": request, **({"layout": layout} if layout is not None else {"tensors": tensors})}
+        elif layout is not None or tensors is not None:
+            raise ValueError("shardsrv: layout= and tensors= go with a checkpoint name, not with a request")
+        return request if format is None else dict(request, format=format)
 
     def checkpoints(self):
         return self._json("GET", "/v1/checkpoints")["checkpoints"]
 
     def tensors(self, checkpoint):
-        return self._json("GET", "/v1/tensors?checkpoint=" + urllib.parse.quote(checkpoint))
+        """Lists a checkpoint's tensors ({"checkpoint", "tensors": [...]}), following the pages."""
+        query = {"checkpoint": checkpoint}
+        out = None
+        while True:
+            page = self._json("GET", "/v1/tensors?" + urllib.parse.urlencode(query))
+            if out is None:
+                out = page
+            else:
+                out["tensors"] += page["tensors"]
+            token = page.get("next_page_token")
+            if not token:
+                out.pop("next_page_token", None)
+                return out
+            query["page_token"] = token
 
-    def plan(self, request):
-        return self._json("POST", "/v1/plan", request)
+    def layout(self, checkpoint, layout):
+        """The explicit tensors table an engine's rank expands to (POST /v1/layouts): a list to send
+        as ``tensors``, as it is or edited. layout is e.g. {"engine": "vllm", "tensor_parallel_size":
+        8, "tp_rank": 3}, with optional "enable_expert_parallel", "data_parallel_size", "dp_rank", "dtype"."""
+        return self._json("POST", "/v1/layouts", {"checkpoint": checkpoint, "layout": layout})["tensors"]
 
-    def fetch_into(self, request, out, progress=None):
-        """Streams a shard into a writable, rewindable binary file object; returns the byte count."""
+    def files(self, checkpoint):
+        """A checkpoint's small files (config.json, tokenizer files, ...): [{"name", "size"}]."""
+        return self._json("GET", f"/v1/checkpoints/{_quote(checkpoint)}/files")["files"]
+
+    def file(self, checkpoint, name):
+        """One of a checkpoint's small files, as a bytearray."""
+        return self._download("GET", f"/v1/checkpoints/{_quote(checkpoint)}/files/{_quote(name)}", None, None)
+
+    def plan(self, request, *, layout=None, tensors=None, format=None):
+        return self._json("POST", "/v1/plan", self._request(request, layout, tensors, format))
+
+    def fetch(self, request, progress=None, *, layout=None, tensors=None, format=None):
+        """Returns a whole shard as a bytearray, held once: read straight into a buffer of the
+        body's length. request is a request dict, or a checkpoint name with layout= or tensors=."""
+        return self._download("POST", "/v1/shards", self._request(request, layout, tensors, format), progress)
+
+    def _download(self, method, path, body, progress):
         def attempt():
-            out.seek(0)
-            out.truncate()
-            with self._open("POST", "/v1/shards", request) as res:
-                total = int(res.headers.get("Content-Length", -1))
-                done = 0
-                while True:
-                    chunk = res.read(4 << 20)
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    done += len(chunk)
+            with self._open(method, path, body) as res:
+                total = _length(res)
+                if total >= 0:
+                    buf = bytearray(total)
+                    _read_into(res, memoryview(buf), total, progress)
+                    return buf
+                buf = bytearray()  # no Content-Length: grow as it comes
+                while chunk := res.read(_CHUNK):
+                    buf += chunk
                     if progress:
-                        progress(done, total)
-                if total >= 0 and done != total:
-                    raise ShortBodyError(done, total)
-                return done
-        return self._retry(attempt)
+                        progress(len(buf), total)
+                return buf
+        return self._retry(f"{method} {path}", attempt)
 
-    def fetch(self, request, progress=None):
-        """Returns a whole shard as bytes."""
-        import io
-        buf = io.BytesIO()
-        self.fetch_into(request, buf, progress)
-        return buf.getvalue()
+    def fetch_into(self, request, out, progress=None, *, layout=None, tensors=None, format=None):
+        """Streams a shard into out and returns the byte count. out is any writable buffer — a
+        bytearray, a memoryview, an array, a numpy array, mmap, a contiguous CPU torch tensor or
+        UntypedStorage — filled from its start straight from the socket (no intermediate copy), or
+        a binary file object, written from its position (a retry after bytes were written rewinds
+        it, so it must be seekable for that)."""
+        request = self._request(request, layout, tensors, format)
+        view = _bytes_of(out)
+        if view is None:
+            return self._fetch_to_file(request, out, progress)
 
-    def fetch_to_file(self, request, path, progress=None):
+        def attempt():  # a retry simply overwrites the buffer from its start
+            with self._open("POST", "/v1/shards", request) as res:
+                total = _length(res)
+                if total > len(view):
+                    raise ValueError(f"shardsrv: the shard is {total} bytes; the buffer holds {len(view)}")
+                return _read_into(res, view, total, progress)
+        return self._retry("POST /v1/shards", attempt)
+
+    def _fetch_to_file(self, request, out, progress):
+        start = out.tell() if out.seekable() else None
+        chunk = memoryview(bytearray(_CHUNK))
+        written = 0
+
+        def attempt():
+            nonlocal written
+            if written:  # a failed attempt left bytes behind: start over
+                out.seek(start)
+                out.truncate()
+                written = 0
+            try:
+                with self._open("POST", "/v1/shards", request) as res:
+                    total = _length(res)
+                    while n := res.readinto(chunk):
+                        out.write(chunk[:n])
+                        written += n
+                        if progress:
+                            progress(written, total)
+                    if total >= 0 and written != total:
+                        raise ShortBodyError(written, total)
+                    return written
+            except Exception as e:
+                if written and start is None and _transient(e):
+                    raise RuntimeError(f"{e}; not retried: {written} bytes were written and the output cannot start over") from e
+                raise
+        return self._retry("POST /v1/shards", attempt)
+
+    def fetch_to_file(self, request, path, progress=None, *, layout=None, tensors=None, format=None):
         with open(path, "w+b") as f:
-            return self.fetch_into(request, f, progress)
+            return self.fetch_into(request, f, progress, layout=layout, tensors=tensors, format=format)
 
 
 def parse_safetensors(data):
@@ -147,14 +335,30 @@ def to_numpy(buf, dtype, shape):
     import numpy as np
     np_dtype = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "U32": np.uint32,
                 "I32": np.int32, "U64": np.uint64, "I64": np.int64, "F16": np.float16, "BF16": np.uint16,
-                "F32": np.float32, "F64": np.float64, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8}[dtype]
+                "F32": np.float32, "F64": np.float64, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "F8_E8M0": np.uint8}[dtype]
     return np.frombuffer(buf, dtype=np.dtype(np_dtype).newbyteorder("<")).reshape(shape)
 
 
+# torch dtype attribute names, looked up only when used: FP8 arrived in torch 2.1 and the wide
+# unsigned integers in 2.3, and an older torch must still convert everything else.
+_TORCH_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
+                 "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "BF16": "bfloat16",
+                 "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+                 "F8_E8M0": "float8_e8m0fnu"}
+
+
 def to_torch(buf, dtype, shape):
-    """A torch tensor over raw bytes, in the tensor's own dtype."""
+    """A torch tensor over raw bytes, in the tensor's own dtype. It shares buf when buf is writable
+    (what fetch returns), and copies it otherwise."""
     import torch
-    t_dtype = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
-               "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
-               "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}[dtype]
-    return torch.frombuffer(bytearray(buf), dtype=t_dtype).reshape(shape)
+    name = _TORCH_DTYPES[dtype]
+    t_dtype = getattr(torch, name, None)
+    if t_dtype is None:
+        raise TypeError(f"shardsrv: torch {getattr(torch, '__version__', '?')} has no torch.{name} for {dtype}; "
+                        "upgrade torch, or use to_numpy for the bit patterns")
+    view = memoryview(buf)
+    if view.nbytes == 0:
+        return torch.empty(shape, dtype=t_dtype)
+    if view.readonly:
+        view = bytearray(view)
+    return torch.frombuffer(view, dtype=t_dtype).reshape(shape)

@@ -1,27 +1,38 @@
-"""Tests of the Python client against a live shardsrv serving the example checkpoint.
+"""Tests of the Python client, against a live shardsrv serving the example checkpoint and against a
+scripted local server for the retry policy.
 
 Run with `python3 -m unittest discover -s clients/python/tests` after `make build`
 (SHARDSRV_BIN points at the binary; default bin/shardsrv).
 """
 
+import array
+import ctypes
+import http.client
+import http.server
+import io
 import json
+import mmap
 import os
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import tracemalloc
+import types
 import unittest
+import urllib.error
 import urllib.request
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import shardsrv  # noqa: E402
-from shardsrv import layout  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 CKPT = "llama-tiny"
+L0, L1 = "model.layers.0.", "model.layers.1."
 
 
 def free_port():
@@ -43,6 +54,10 @@ def read_checkpoint(folder):
     return out
 
 
+def vllm(tp, rank, ep=False, **kw):
+    return dict({"engine": "vllm", "tensor_parallel_size": tp, "tp_rank": rank, "enable_expert_parallel": ep}, **kw)
+
+
 class LiveServer(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -60,8 +75,8 @@ class LiveServer(unittest.TestCase):
             except OSError:
                 time.sleep(0.05)
         cls.client = shardsrv.Client(cls.url, attempts=2, backoff=0.05)
-        cls.data = read_checkpoint(os.path.join(ckdir, CKPT))
-        cls.shapes = layout.shapes(cls.client.tensors(CKPT))
+        cls.folder = os.path.join(ckdir, CKPT)
+        cls.data = read_checkpoint(cls.folder)
 
     @classmethod
     def tearDownClass(cls):
@@ -70,78 +85,149 @@ class LiveServer(unittest.TestCase):
         cls.tmp.cleanup()
 
     def rows(self, name, lo, hi):
+        """Rows [lo, hi) of a checkpoint tensor (elements, for a 1-d one), BF16."""
         shape, data = self.data[name]
-        row = shape[1] * 2
+        row = (shape[1] if len(shape) > 1 else 1) * 2
         return data[lo * row:hi * row]
 
-    def fetch(self, *tensors, **kw):
-        return self.client.fetch(dict({"checkpoint": CKPT, "tensors": list(tensors)}, **kw))
+    def cols(self, name, lo, hi):
+        """Columns [lo, hi) of every row of a 2-d checkpoint tensor, BF16."""
+        (rows, n), data = self.data[name]
+        return b"".join(data[(r * n + lo) * 2:(r * n + hi) * 2] for r in range(rows))
+
+    def safetensors(self, layout):
+        parsed, meta = shardsrv.parse_safetensors(self.client.fetch(CKPT, layout=layout, format="safetensors"))
+        self.assertEqual(meta["shardsrv.checkpoint"], CKPT)
+        return {name: (dtype, shape, bytes(buf)) for name, (dtype, shape, buf) in parsed.items()}
 
     def test_listings(self):
         self.assertEqual(self.client.checkpoints(), [CKPT])
-        self.assertEqual(self.shapes["model.layers.0.self_attn.q_proj.weight"], [64, 64])
+        shapes = {t["name"]: t["shape"] for t in self.client.tensors(CKPT)["tensors"]}
+        self.assertEqual(shapes[L0 + "self_attn.q_proj.weight"], [64, 64])
 
-    def test_fused_qkv_rank_of_two(self):
-        p = "model.layers.0.self_attn."
-        got = self.fetch(layout.fused_qkv(self.shapes, p, "qkv", "BF16", 16, tp=2, rank=1))
-        want = self.rows(p + "q_proj.weight", 32, 64) + self.rows(p + "k_proj.weight", 16, 32) + self.rows(p + "v_proj.weight", 16, 32)
-        self.assertEqual(got, want)
+    def test_a_layout_serves_its_table(self):
+        for layout in (vllm(2, 1), vllm(2, 0, ep=True), vllm(1, 0, dtype="F32")):
+            table = self.client.layout(CKPT, layout)
+            self.assertEqual(table[0]["name"], "model.embed_tokens.weight")
+            self.assertEqual(self.client.fetch(CKPT, layout=layout), self.client.fetch(CKPT, tensors=table))
+            self.assertEqual(self.client.fetch(CKPT, layout=layout, format="safetensors"),
+                             self.client.fetch({"checkpoint": CKPT, "tensors": table, "format": "safetensors"}))
+            plan = self.client.plan(CKPT, layout=layout)
+            self.assertEqual(plan["summary"]["output_bytes"], len(self.client.fetch(CKPT, tensors=table)))
 
-    def test_interleaved_and_gate_up_agree_with_go_layouts(self):
-        p = "model.layers.0.self_attn."
-        got = self.fetch(layout.interleaved_qkv(self.shapes, p, "wqkv", "BF16", 16, tp=2, rank=0))
-        self.assertEqual(got, self.rows(p + "q_proj.weight", 0, 32) + self.rows(p + "k_proj.weight", 0, 16) + self.rows(p + "v_proj.weight", 0, 16))
-        g, u = "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"
-        want = self.rows(g, 0, 64) + self.rows(u, 0, 64)
-        self.assertEqual(self.fetch(layout.gate_up(self.shapes, g, u, "w13", "BF16", 2, 0)), want)
-        self.assertEqual(self.fetch(layout.gate_up_per_rank(self.shapes, g, u, "fc1", "BF16", 2, 0)), want)
+    def test_tp_rank_bytes_follow_vllm(self):
+        """TP=2 rank 1, checked by slicing the checkpoint's own tensors as vLLM does."""
+        got = self.safetensors(vllm(2, 1))
+        q, k, v = (L0 + f"self_attn.{p}_proj." for p in "qkv")
+        # The vocabulary (256, a multiple of 64) splits into 128 rows per rank.
+        self.assertEqual(got["model.embed_tokens.weight"], ("BF16", [128, 64], self.rows("model.embed_tokens.weight", 128, 256)))
+        self.assertEqual(got["lm_head.weight"][2], self.rows("lm_head.weight", 128, 256))
+        # QKVParallelLinear: rank r's rows are [q_r; k_r; v_r] (2 of 4 query heads, 1 of 2 KV heads, 16 wide).
+        self.assertEqual(got[L0 + "self_attn.qkv_proj.weight"],
+                         ("BF16", [64, 64], self.rows(q + "weight", 32, 64) + self.rows(k + "weight", 16, 32) + self.rows(v + "weight", 16, 32)))
+        self.assertEqual(got[L0 + "self_attn.qkv_proj.bias"][2],
+                         self.rows(q + "bias", 32, 64) + self.rows(k + "bias", 16, 32) + self.rows(v + "bias", 16, 32))
+        self.assertEqual(got[L0 + "self_attn.o_proj.weight"], ("BF16", [64, 32], self.cols(L0 + "self_attn.o_proj.weight", 32, 64)))
+        # MergedColumnParallelLinear: [gate_r; up_r]; the down projection splits its columns.
+        g, u, d = (L0 + f"mlp.{p}_proj.weight" for p in ("gate", "up", "down"))
+        self.assertEqual(got[L0 + "mlp.gate_up_proj.weight"], ("BF16", [128, 64], self.rows(g, 64, 128) + self.rows(u, 64, 128)))
+        self.assertEqual(got[L0 + "mlp.down_proj.weight"][2], self.cols(d, 64, 128))
+        # FusedMoE without expert parallelism: every expert split by TP, w13 [E, 2I/tp, H], w2 [E, H, I/tp].
+        ex = [f"{L1}mlp.experts.{e}." for e in range(4)]
+        self.assertEqual(got[L1 + "mlp.experts.w13_weight"],
+                         ("BF16", [4, 32, 64], b"".join(self.rows(e + "gate_proj.weight", 16, 32) + self.rows(e + "up_proj.weight", 16, 32) for e in ex)))
+        self.assertEqual(got[L1 + "mlp.experts.w2_weight"],
+                         ("BF16", [4, 64, 16], b"".join(self.cols(e + "down_proj.weight", 16, 32) for e in ex)))
+        self.assertEqual(got[L1 + "mlp.gate.weight"][2], self.data[L1 + "mlp.gate.weight"][1])
+        self.assertEqual(got["model.norm.weight"][2], self.data["model.norm.weight"][1])
 
-    def test_stacked_experts_and_vocab_padding(self):
-        parts = [[f"model.layers.1.mlp.experts.{e}.down_proj.weight"] for e in range(4)]
-        got = self.fetch(layout.stacked_experts(self.shapes, parts, "w2", "BF16", 4, 3))
-        self.assertEqual(got, self.data["model.layers.1.mlp.experts.3.down_proj.weight"][1])
-        emb = "model.embed_tokens.weight"
-        self.assertEqual(self.fetch(layout.vocab_parallel(self.shapes, emb, "e", "BF16", 64, 3, 2)), bytes(128 * 64 * 2))
+    def test_expert_parallel_rank_holds_whole_experts(self):
+        got = self.safetensors(vllm(2, 1, ep=True))
+        ex = [f"{L1}mlp.experts.{e}." for e in (2, 3)]
+        self.assertEqual(got[L1 + "mlp.experts.w13_weight"],
+                         ("BF16", [2, 64, 64], b"".join(self.data[e + "gate_proj.weight"][1] + self.data[e + "up_proj.weight"][1] for e in ex)))
+        self.assertEqual(got[L1 + "mlp.experts.w2_weight"][2], b"".join(self.data[e + "down_proj.weight"][1] for e in ex))
 
-    def test_rope_round_trip(self):
-        q = "model.layers.0.self_attn.q_proj.weight"
-        meta = self.fetch(layout.rope_permute(self.shapes, q, "wq", "BF16", 16, layout.HF_TO_META))
-        self.assertEqual(meta[2 * 64 * 2:3 * 64 * 2], self.rows(q, 1, 2))  # Meta row 2 = HF row 1 (h=0, j=1, t=0)
-        self.assertEqual(meta[1 * 64 * 2:2 * 64 * 2], self.rows(q, 8, 9))  # Meta row 1 = HF row D/2 (h=0, j=0, t=1)
-
-    def test_safetensors_format_and_preset(self):
-        tensors = layout.preset(self.shapes, 16, "BF16", tp=2, rank=1, ep=2)
-        body = self.fetch(*tensors, format="safetensors")
-        parsed, meta = shardsrv.parse_safetensors(body)
-        self.assertEqual(meta["shardsrv.checkpoint"], CKPT)
-        self.assertIn("model.layers.1.mlp.experts.w13_weight", parsed)
-        # w13 of EP rank 1: experts 2 and 3, each [gate; up], shaped [2, 64, 64].
-        dtype, shape, buf = parsed["model.layers.1.mlp.experts.w13_weight"]
-        self.assertEqual((dtype, shape), ("BF16", [2, 64, 64]))
-        e2 = "model.layers.1.mlp.experts.2."
-        self.assertEqual(bytes(buf[:64 * 64 * 2]), self.data[e2 + "gate_proj.weight"][1] + self.data[e2 + "up_proj.weight"][1])
-        # vLLM's w13 of TP rank 1 as two boxes, named NAME#0 and NAME#1.
-        self.assertIn("model.layers.0.mlp.gate_up_proj.weight#1", parsed)
-        plan = self.client.plan({"checkpoint": CKPT, "tensors": tensors})
-        self.assertEqual(plan["summary"]["output_bytes"], len(self.fetch(*tensors)))
+    def test_files(self):
+        files = self.client.files(CKPT)
+        self.assertEqual([f["name"] for f in files], ["config.json", "generation_config.json"])
+        for f in files:
+            with open(os.path.join(self.folder, f["name"]), "rb") as disk:
+                want = disk.read()
+            self.assertEqual(self.client.file(CKPT, f["name"]), want)
+            self.assertEqual(f["size"], len(want))
+        self.assertEqual(json.loads(self.client.file(CKPT, "config.json"))["architectures"], ["Qwen2MoeForCausalLM"])
+        with self.assertRaises(shardsrv.ProblemError) as ctx:
+            self.client.file(CKPT, "tokenizer.json")
+        self.assertEqual(ctx.exception.status, 404)
 
     def test_problems_are_typed_errors(self):
-        bad = layout.replicated(self.shapes, "model.norm.weight", "n", "BF16")
-        bad["blocks"][0]["source"] = "missing"
+        norm = {"name": "n", "dtype": "BF16", "shape": [64], "boxes": [{"offsets": [0], "lengths": [64]}],
+                "blocks": [{"offsets": [0], "lengths": [64], "source": "missing", "base": [0], "coeff": [[1]]}]}
         with self.assertRaises(shardsrv.ProblemError) as ctx:
-            self.fetch(bad)
+            self.client.fetch(CKPT, tensors=[norm])
         self.assertEqual(ctx.exception.status, 422)
         self.assertEqual(ctx.exception.errors[0]["pointer"], "/tensors/0/blocks/0/source")
         with self.assertRaises(shardsrv.ProblemError) as ctx:
+            self.client.layout(CKPT, vllm(3, 0))  # the padded vocabulary (256) does not split over 3
+        self.assertEqual((ctx.exception.status, ctx.exception.errors[0]["pointer"]), (422, "/layout/tensor_parallel_size"))
+        with self.assertRaises(shardsrv.ProblemError) as ctx:
             self.client.tensors("no-such-checkpoint")
         self.assertEqual(ctx.exception.status, 404)
+        with self.assertRaises(ValueError):
+            self.client.fetch(CKPT)  # a checkpoint name needs layout= or tensors=
+
+    def test_fetch_into_any_writable_buffer(self):
+        want = self.client.fetch(CKPT, layout=vllm(2, 0))
+        n = len(want)
+        buffers = {"bytearray": bytearray(n), "memoryview": memoryview(bytearray(n)), "array": array.array("H", bytes(n)),
+                   "mmap": mmap.mmap(-1, n), "ctypes": (ctypes.c_char * n)(), "larger": bytearray(n + 100)}
+        try:
+            import numpy
+            buffers["numpy"] = numpy.zeros((n // 2,), dtype=numpy.uint16)
+        except ImportError:
+            pass
+        # A CPU torch storage or tensor (no buffer protocol): data_ptr, nbytes and a device.
+        backing = (ctypes.c_char * n)()
+        buffers["storage-like"] = types.SimpleNamespace(data_ptr=lambda: ctypes.addressof(backing), nbytes=lambda: n, device="cpu")
+        buffers["tensor-like"] = types.SimpleNamespace(data_ptr=lambda: ctypes.addressof(backing), nbytes=n, device="cpu",
+                                                       is_contiguous=lambda: True)
+        try:
+            import torch
+            buffers["torch-storage"] = torch.empty(n, dtype=torch.uint8).untyped_storage()
+            buffers["torch-tensor"] = torch.empty(n // 2, dtype=torch.bfloat16)
+        except ImportError:
+            pass
+        for kind, buf in buffers.items():
+            with self.subTest(kind), mock.patch.object(http.client.HTTPResponse, "read", side_effect=AssertionError("read copies")):
+                # Streaming uses readinto only: the bytes go from the socket into the buffer.
+                self.assertEqual(self.client.fetch_into(CKPT, buf, layout=vllm(2, 0)), n)
+                self.assertEqual(bytes(shardsrv._bytes_of(buf)[:n]), want)
+        with self.assertRaises(TypeError):
+            self.client.fetch_into(CKPT, bytes(n), layout=vllm(2, 0))  # read-only
+        with self.assertRaises(ValueError):
+            self.client.fetch_into(CKPT, bytearray(n - 1), layout=vllm(2, 0))  # too small
+        with self.assertRaises(TypeError):
+            gpu = types.SimpleNamespace(data_ptr=lambda: 0, nbytes=n, device="cuda:0")
+            self.client.fetch_into(CKPT, gpu, layout=vllm(2, 0))
+
+    def test_fetch_holds_the_body_once(self):
+        head = {"name": "h", "dtype": "F32", "shape": [256, 64], "boxes": [{"offsets": [0, 0], "lengths": [256, 64]}],
+                "blocks": [{"offsets": [0, 0], "lengths": [256, 64], "source": "lm_head.weight", "base": [0, 0], "coeff": [[1, 0], [0, 1]]}]}
+        tensors = [dict(head, name=f"h{i}") for i in range(64)]  # 4 MiB
+        tracemalloc.start()
+        try:
+            body = self.client.fetch(CKPT, tensors=tensors)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        self.assertEqual(len(body), 64 * 256 * 64 * 4)
+        self.assertLess(peak, 1.25 * len(body), "the body was held more than once")
 
     def test_fetch_to_file_reports_progress(self):
         seen = []
         with tempfile.NamedTemporaryFile() as f:
-            n = self.client.fetch_to_file({"checkpoint": CKPT, "tensors": [layout.replicated(self.shapes, "lm_head.weight", "h", "F32")]},
-                                          f.name, progress=lambda done, total: seen.append((done, total)))
-            self.assertEqual(n, 256 * 64 * 4)
+            n = self.client.fetch_to_file(CKPT, f.name, progress=lambda done, total: seen.append((done, total)), layout=vllm(1, 0))
             self.assertEqual(os.path.getsize(f.name), n)
         self.assertEqual(seen[-1], (n, n))
 
@@ -152,6 +238,175 @@ class LiveServer(unittest.TestCase):
             self.skipTest("numpy is optional")
         arr = shardsrv.to_numpy(self.data["model.norm.weight"][1], "BF16", [64])
         self.assertTrue((arr == 0x3F80).all())  # norms are ones
+
+
+class Scripted:
+    """A local HTTP server answering each request with the next (status, headers, body) of its script,
+    then 200 with a checkpoint list. A Content-Length above the body's length cuts the body short."""
+
+    def __init__(self, *script):
+        self.script, self.paths = list(script), []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.paths.append(self.path)
+                status, headers, body = outer.script.pop(0) if outer.script else (200, {}, b'{"checkpoints": ["x"]}')
+                self.send_response(status)
+                headers = dict({"Content-Length": str(len(body))}, **headers)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+                self.close_connection = int(headers["Content-Length"]) != len(body)
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def problem(status, retry_after=None):
+    headers = {"Content-Type": "application/problem+json"}
+    if retry_after is not None:
+        headers["Retry-After"] = retry_after
+    return status, headers, json.dumps({"type": "about:blank", "title": "scripted", "status": status}).encode()
+
+
+class RetryPolicy(unittest.TestCase):
+    def serve(self, *script):
+        s = Scripted(*script)
+        self.addCleanup(s.close)
+        return s
+
+    def test_transient_failures_are_retried_and_logged(self):
+        s = self.serve(problem(503, "0"), problem(429), problem(502), problem(504), problem(408))
+        c = shardsrv.Client(s.url, attempts=6, backoff=0.01)
+        with self.assertLogs("shardsrv", "WARNING") as logs:
+            self.assertEqual(c.checkpoints(), ["x"])
+        self.assertEqual(len(s.paths), 6)
+        self.assertEqual(len(logs.output), 5)
+        self.assertIn("retrying GET /v1/checkpoints", logs.output[0])
+        self.assertIn("attempt 2 of 6", logs.output[0])
+        self.assertIn("503 scripted", logs.output[0])
+
+    def test_what_cannot_succeed_is_not_retried(self):
+        for status in (400, 401, 404, 413, 422):
+            s = self.serve(problem(status))
+            c = shardsrv.Client(s.url, attempts=5, backoff=60)  # a retry would hang the test
+            with self.assertNoLogs("shardsrv", "WARNING"), self.assertRaises(shardsrv.ProblemError) as ctx:
+                c.checkpoints()
+            self.assertEqual((ctx.exception.status, len(s.paths)), (status, 1))
+        for url in ("localhost:8080", "shardsrv:8080", "ftp://shardsrv", "http://"):
+            with self.assertRaises(ValueError):
+                shardsrv.Client(url)
+
+    def test_backoff_is_jittered_on_top_of_retry_after(self):
+        s = self.serve(problem(503, "2"), problem(503), problem(503))
+        c = shardsrv.Client(s.url, attempts=4, backoff=0.1)
+        with mock.patch("shardsrv.time.sleep") as sleep, mock.patch("shardsrv.random.uniform", side_effect=lambda a, b: b / 2) as uniform, \
+                self.assertLogs("shardsrv", "WARNING"):
+            c.checkpoints()
+        self.assertEqual([call.args for call in uniform.call_args_list], [(0, 0.1), (0, 0.2), (0, 0.4)])
+        self.assertEqual([round(call.args[0], 6) for call in sleep.call_args_list], [2.05, 0.1, 0.2])
+
+    def test_zero_attempts_send_one_request(self):
+        s = self.serve()
+        self.assertEqual(shardsrv.Client(s.url, attempts=0).checkpoints(), ["x"])
+        s = self.serve(problem(503))
+        with self.assertRaises(shardsrv.ProblemError):
+            shardsrv.Client(s.url, attempts=0).checkpoints()
+        self.assertEqual(len(s.paths), 1)
+
+    def test_refused_connections_are_retried(self):
+        c = shardsrv.Client(f"http://127.0.0.1:{free_port()}", attempts=2, backoff=0.01)
+        with self.assertLogs("shardsrv", "WARNING") as logs, self.assertRaises(urllib.error.URLError):
+            c.checkpoints()
+        self.assertEqual(len(logs.output), 1)
+
+    def test_tensors_follow_pages(self):
+        page = lambda names, token=None: (200, {}, json.dumps(dict(
+            {"checkpoint": "c", "tensors": [{"name": n, "dtype": "BF16", "shape": [1], "file": "f"} for n in names]},
+            **({"next_page_token": token} if token else {}))).encode())
+        s = self.serve(page(["a", "b"], "b"), page(["c"]))
+        got = shardsrv.Client(s.url).tensors("org/c")
+        self.assertEqual([t["name"] for t in got["tensors"]], ["a", "b", "c"])
+        self.assertNotIn("next_page_token", got)
+        self.assertEqual(s.paths, ["/v1/tensors?checkpoint=org%2Fc", "/v1/tensors?checkpoint=org%2Fc&page_token=b"])
+
+    def test_a_cut_body_is_fetched_again(self):
+        s = self.serve((200, {"Content-Length": "10"}, b"01234"), (200, {}, b"0123456789"))
+        c = shardsrv.Client(s.url, attempts=2, backoff=0.01)
+        with self.assertLogs("shardsrv", "WARNING"):
+            self.assertEqual(c.fetch({"checkpoint": "x", "tensors": []}), b"0123456789")
+        buf = bytearray(10)
+        s.script = [(200, {"Content-Length": "10"}, b"01234"), (200, {}, b"0123456789")]
+        with self.assertLogs("shardsrv", "WARNING"):
+            self.assertEqual(c.fetch_into({"checkpoint": "x", "tensors": []}, buf), 10)
+        self.assertEqual(buf, b"0123456789")
+        # A file object is rewound to where it was; one that cannot be is not retried into.
+        f = io.BytesIO(b"head:")
+        f.seek(5)
+        s.script = [(200, {"Content-Length": "10"}, b"01234"), (200, {}, b"0123456789")]
+        with self.assertLogs("shardsrv", "WARNING"):
+            c.fetch_into({"checkpoint": "x", "tensors": []}, f)
+        self.assertEqual(f.getvalue(), b"head:0123456789")
+
+        class Pipe(io.RawIOBase):
+            def writable(self):
+                return True
+
+            def write(self, b):
+                return len(b)
+        s.script = [(200, {"Content-Length": "10"}, b"01234")]
+        with self.assertRaises(RuntimeError):
+            c.fetch_into({"checkpoint": "x", "tensors": []}, Pipe())
+
+
+class TorchHelper(unittest.TestCase):
+    def fake_torch(self):
+        """A torch older than 2.1: no FP8 dtypes (and no wide unsigned integers)."""
+        torch = types.ModuleType("torch")
+        torch.__version__ = "2.0.1"
+        for name in ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"):
+            setattr(torch, name, "torch." + name)
+        torch.calls = []
+
+        def frombuffer(buf, dtype):
+            torch.calls.append((buf, dtype))
+            return types.SimpleNamespace(reshape=lambda shape: (dtype, shape, bytes(buf)))
+        torch.frombuffer = frombuffer
+        torch.empty = lambda shape, dtype: (dtype, shape, b"")
+        return torch
+
+    def test_to_torch_on_torch_without_float8(self):
+        torch = self.fake_torch()
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            body = bytearray(b"\x80\x3f" * 4)
+            self.assertEqual(shardsrv.to_torch(body, "BF16", [2, 2]), ("torch.bfloat16", [2, 2], bytes(body)))
+            self.assertIs(torch.calls[-1][0].obj, body, "a writable buffer is shared, not copied")
+            self.assertEqual(shardsrv.to_torch(b"\x01\x02", "I16", [1])[0], "torch.int16")
+            self.assertIsInstance(torch.calls[-1][0], bytearray, "read-only bytes are copied")
+            self.assertEqual(shardsrv.to_torch(b"", "F32", [0, 4]), ("torch.float32", [0, 4], b""))
+            with self.assertRaisesRegex(TypeError, "float8_e4m3fn"):
+                shardsrv.to_torch(b"\x00", "F8_E4M3", [1])
+
+    def test_real_torch_when_installed(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is optional")
+        t = shardsrv.to_torch(bytearray(b"\x80\x3f" * 4), "BF16", [2, 2])
+        self.assertTrue(bool((t == 1).all()))
 
 
 if __name__ == "__main__":
