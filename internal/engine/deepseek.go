@@ -62,10 +62,7 @@ func deepseek(m *model) error {
 			if err != nil {
 				return err
 			}
-			if err := m.norm(pre + "input_layernorm.weight"); err != nil {
-				return err
-			}
-			if err := m.norm(pre + "post_attention_layernorm.weight"); err != nil {
+			if err := m.norm(pre+"input_layernorm.weight", pre+"post_attention_layernorm.weight"); err != nil {
 				return err
 			}
 		}

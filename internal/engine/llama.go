@@ -75,10 +75,7 @@ func (m *model) decoder(mlp func(i int64, pre string) error) error {
 			if err := mlp(i, pre); err != nil {
 				return err
 			}
-			if err := m.norm(pre + "input_layernorm.weight"); err != nil {
-				return err
-			}
-			if err := m.norm(pre + "post_attention_layernorm.weight"); err != nil {
+			if err := m.norm(pre+"input_layernorm.weight", pre+"post_attention_layernorm.weight"); err != nil {
 				return err
 			}
 		}

@@ -98,8 +98,15 @@ func (m *model) replicated(name, src string, dtype api.DType) error {
 	return nil
 }
 
-// norm is a replicated layer-norm weight in the model dtype.
-func (m *model) norm(name string) error { return m.replicated(name, name, m.dtype) }
+// norm lays out replicated layer-norm weights in the model dtype.
+func (m *model) norm(names ...string) error {
+	for _, name := range names {
+		if err := m.replicated(name, name, m.dtype); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // vocabParallel lays out VocabParallelEmbedding / ParallelLMHead (vllm/model_executor/layers/
 // vocab_parallel_embedding.py): the vocabulary is padded to a multiple of 64 (pad_vocab_size,

@@ -185,7 +185,7 @@ func vrefCheckRaw(t *testing.T, h *harness, name string, cfg []byte, hf map[stri
 		if len(x.Boxes) != 1 || !slices.Equal(x.Boxes[0].Lengths, x.Shape) || slices.ContainsFunc(x.Boxes[0].Offsets, func(o int64) bool { return o != 0 }) {
 			t.Errorf("%s: %s has boxes %+v, want one box over its shape %v", what, x.Name, x.Boxes, x.Shape)
 		}
-		size := vrefElemBytes(x.DType)
+		size := vllmref.ElemSize(x.DType)
 		for _, d := range x.Shape {
 			size *= d
 		}
@@ -200,18 +200,6 @@ func vrefCheckRaw(t *testing.T, h *harness, name string, cfg []byte, hf map[stri
 		t.Errorf("%s: %d raw bytes after the last tensor", what, len(body))
 	}
 	vrefReport(t, what, vrefDiff(got, want))
-}
-
-func vrefElemBytes(dtype string) int64 {
-	switch dtype {
-	case "F8_E4M3", "F8_E5M2", "U8", "I8", "BOOL":
-		return 1
-	case "BF16", "F16", "I16", "U16":
-		return 2
-	case "F32", "I32", "U32":
-		return 4
-	}
-	return 8
 }
 
 // TestVLLMLayoutsMatchReference runs every variant x TP {1,2,4,8} x EP {off,on} x DP {1, and 2 for

@@ -209,7 +209,7 @@ type gen struct {
 // rand adds a tensor of uniform values in [-1, 1) (F8_E4M3: random bytes that are not NaN).
 func (g *gen) rand(name, dtype string, shape ...int64) {
 	n := numel(shape)
-	t := Tensor{DType: dtype, Shape: shape, Data: make([]byte, n*elemSize(dtype))}
+	t := Tensor{DType: dtype, Shape: shape, Data: make([]byte, n*ElemSize(dtype))}
 	for i := int64(0); i < n; i++ {
 		x := g.rng.Float32()*2 - 1
 		switch dtype {

@@ -16,8 +16,8 @@ type Tensor struct {
 	Data  []byte
 }
 
-// elemSize is the size in bytes of one element of a safetensors dtype.
-func elemSize(dtype string) int64 {
+// ElemSize is the size in bytes of one element of a safetensors dtype.
+func ElemSize(dtype string) int64 {
 	switch dtype {
 	case "BOOL", "U8", "I8", "F8_E4M3", "F8_E5M2":
 		return 1
@@ -40,10 +40,10 @@ func numel(shape []int64) int64 {
 }
 
 // rowBytes is the byte size of one index along dimension 0.
-func rowBytes(t Tensor) int64 { return numel(t.Shape[1:]) * elemSize(t.DType) }
+func rowBytes(t Tensor) int64 { return numel(t.Shape[1:]) * ElemSize(t.DType) }
 
 func (t Tensor) check() {
-	if len(t.Shape) == 0 || int64(len(t.Data)) != numel(t.Shape)*elemSize(t.DType) {
+	if len(t.Shape) == 0 || int64(len(t.Data)) != numel(t.Shape)*ElemSize(t.DType) {
 		panic(refusal(fmt.Sprintf("tensor of shape %v %s holds %d bytes", t.Shape, t.DType, len(t.Data))))
 	}
 }
@@ -70,7 +70,7 @@ func narrowCols(t Tensor, start, n int64, what string) Tensor {
 	if start < 0 || n < 0 || start+n > t.Shape[1] {
 		panic(refusal(fmt.Sprintf("%s: narrow(1, %d, %d) is outside a dimension of %d", what, start, n, t.Shape[1])))
 	}
-	es := elemSize(t.DType)
+	es := ElemSize(t.DType)
 	rows, cols := t.Shape[0], t.Shape[1]
 	out := make([]byte, 0, rows*n*es)
 	for r := int64(0); r < rows; r++ {
@@ -155,7 +155,7 @@ func convert(t Tensor, to string) Tensor {
 			panic(refusal(fmt.Sprintf("the reference does not convert %s to %s", t.DType, to)))
 		}
 	}
-	out := Tensor{DType: to, Shape: append([]int64(nil), t.Shape...), Data: make([]byte, n*elemSize(to))}
+	out := Tensor{DType: to, Shape: append([]int64(nil), t.Shape...), Data: make([]byte, n*ElemSize(to))}
 	for i, x := range f {
 		switch to {
 		case "F32":

@@ -27,7 +27,7 @@ func same(a, b Tensor) bool {
 
 // catCols is torch.cat(ts, dim=1) of 2-D tensors, written independently of narrowCols.
 func catCols(ts ...Tensor) Tensor {
-	es := elemSize(ts[0].DType)
+	es := ElemSize(ts[0].DType)
 	rows := ts[0].Shape[0]
 	var cols int64
 	for _, t := range ts {
