@@ -86,7 +86,10 @@ func Engines() map[string][]string {
 func Build(spec Spec, config []byte, tensors map[string]TensorInfo) ([]api.TensorRequest, error) {
 	archs, ok := engines[spec.Engine]
 	if !ok {
-		return nil, &Error{"/layout/engine", fmt.Sprintf("unknown engine %q; this server lays out %s", spec.Engine, names(engines))}
+		return nil, &Error{
+			"/layout/engine",
+			fmt.Sprintf("unknown engine %q; this server lays out %s", spec.Engine, names(engines)),
+		}
 	}
 	if err := spec.Parallel.check(); err != nil {
 		return nil, err
@@ -98,8 +101,11 @@ func Build(spec Spec, config []byte, tensors map[string]TensorInfo) ([]api.Tenso
 	arch := cfg.architecture()
 	build, ok := archs[arch]
 	if !ok {
-		return nil, &Error{"/layout/engine", fmt.Sprintf("the checkpoint's architecture %q has no %s layout here; supported: %s",
-			arch, spec.Engine, strings.Join(Engines()[spec.Engine], ", "))}
+		return nil, &Error{
+			"/layout/engine",
+			fmt.Sprintf("the checkpoint's architecture %q has no %s layout here; supported: %s",
+				arch, spec.Engine, strings.Join(Engines()[spec.Engine], ", ")),
+		}
 	}
 	m := &model{cfg: cfg, tensors: tensors, par: spec.Parallel}
 	if m.dtype, err = cfg.dtype(spec.DType); err != nil {
@@ -199,7 +205,13 @@ func (c config) ints(key string) ([]int64, error) {
 	return out, nil
 }
 
-var torchDTypes = map[string]api.DType{"bfloat16": api.BF16, "float16": api.F16, "half": api.F16, "float32": api.F32, "float": api.F32}
+var torchDTypes = map[string]api.DType{
+	"bfloat16": api.BF16,
+	"float16":  api.F16,
+	"half":     api.F16,
+	"float32":  api.F32,
+	"float":    api.F32,
+}
 
 // dtype is the dtype the engine holds unquantized weights in: the request's, else the config's
 // torch_dtype (newer configs call it dtype).
@@ -218,5 +230,8 @@ func (c config) dtype(requested api.DType) (api.DType, error) {
 	if d, ok := torchDTypes[name]; ok {
 		return d, nil
 	}
-	return "", &Error{"/layout/dtype", fmt.Sprintf("config.json's torch_dtype is %q; name the dtype the engine runs in", name)}
+	return "", &Error{
+		"/layout/dtype",
+		fmt.Sprintf("config.json's torch_dtype is %q; name the dtype the engine runs in", name),
+	}
 }

@@ -57,7 +57,10 @@ func (m *model) decoder(mlp func(i int64, pre string) error) error {
 			pre := fmt.Sprintf("model.layers.%d.", i)
 			at := pre + "self_attn."
 			if arch := m.cfg.architecture(); strings.HasPrefix(arch, "Qwen2") && !m.has(at+"q_proj.bias") {
-				return &Error{"", fmt.Sprintf("%s holds q/k/v biases but the checkpoint has no %sq_proj.bias", arch, at)}
+				return &Error{
+					"",
+					fmt.Sprintf("%s holds q/k/v biases but the checkpoint has no %sq_proj.bias", arch, at),
+				}
 			}
 			if err := m.qkv(at, at, heads, kvHeads, headDim); err != nil {
 				return err

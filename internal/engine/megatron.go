@@ -48,12 +48,20 @@ func megatronGPT(m *model) error {
 		steps := []func() error{
 			func() error { return m.columnLinear(dst+"self_attention.linear_qkv", m.par.TP, parts...) },
 			func() error {
-				return m.replicated(dst+"self_attention.linear_qkv.layer_norm_weight", src+"input_layernorm.weight", m.dtype)
+				return m.replicated(
+					dst+"self_attention.linear_qkv.layer_norm_weight",
+					src+"input_layernorm.weight",
+					m.dtype,
+				)
 			},
 			func() error { return m.rowLinear(dst+"self_attention.linear_proj", src+"self_attn.o_proj") },
 			func() error { return m.gateUp(dst+"mlp.linear_fc1", src+"mlp.gate_proj", src+"mlp.up_proj") },
 			func() error {
-				return m.replicated(dst+"mlp.linear_fc1.layer_norm_weight", src+"post_attention_layernorm.weight", m.dtype)
+				return m.replicated(
+					dst+"mlp.linear_fc1.layer_norm_weight",
+					src+"post_attention_layernorm.weight",
+					m.dtype,
+				)
 			},
 			func() error { return m.rowLinear(dst+"mlp.linear_fc2", src+"mlp.down_proj") },
 		}

@@ -56,8 +56,14 @@ func TestMegatronLlama(t *testing.T) {
 	shapes := map[string][]int64{
 		"model.embed_tokens.weight": {vocab, hidden}, "lm_head.weight": {vocab, hidden}, "model.norm.weight": {hidden},
 		"model.layers.0.input_layernorm.weight": {hidden}, "model.layers.0.post_attention_layernorm.weight": {hidden},
-		"model.layers.0.self_attn.q_proj.weight": {heads * hd, hidden}, "model.layers.0.self_attn.k_proj.weight": {groups * hd, hidden},
-		"model.layers.0.self_attn.v_proj.weight": {groups * hd, hidden}, "model.layers.0.self_attn.o_proj.weight": {hidden, heads * hd},
+		"model.layers.0.self_attn.q_proj.weight": {
+			heads * hd,
+			hidden,
+		}, "model.layers.0.self_attn.k_proj.weight": {groups * hd, hidden},
+		"model.layers.0.self_attn.v_proj.weight": {
+			groups * hd,
+			hidden,
+		}, "model.layers.0.self_attn.o_proj.weight": {hidden, heads * hd},
 		"model.layers.0.mlp.gate_proj.weight": {inter, hidden}, "model.layers.0.mlp.up_proj.weight": {inter, hidden},
 		"model.layers.0.mlp.down_proj.weight": {hidden, inter},
 	}
@@ -105,7 +111,8 @@ func TestMegatronLlama(t *testing.T) {
 		if w := fmt.Sprintf("model.layers.0.mlp.down_proj.weight[%d]", 1*inter+rank*3+2); fc2[1*3+2] != w {
 			t.Errorf("rank %d linear_fc2[1][2] = %s, want %s", rank, fc2[5], w)
 		}
-		if len(got["decoder.layers.0.mlp.linear_fc1.layer_norm_weight"]) != hidden || len(got["output_layer.weight"]) != 256*hidden {
+		if len(got["decoder.layers.0.mlp.linear_fc1.layer_norm_weight"]) != hidden ||
+			len(got["output_layer.weight"]) != 256*hidden {
 			t.Errorf("rank %d: norms or output layer missing: %v", rank, len(got))
 		}
 	}

@@ -28,7 +28,14 @@ func (m *model) readQuantization() error {
 		return err
 	}
 	if method := config(q).str("quant_method"); method != "fp8" || len(block) != 2 || block[0] < 1 || block[1] < 1 {
-		return &Error{"", fmt.Sprintf("quantization %q with weight_block_size %v is not laid out here; block-quantized FP8 is", method, block)}
+		return &Error{
+			"",
+			fmt.Sprintf(
+				"quantization %q with weight_block_size %v is not laid out here; block-quantized FP8 is",
+				method,
+				block,
+			),
+		}
 	}
 	m.blockN, m.blockK = block[0], block[1]
 	return nil
@@ -180,13 +187,28 @@ func (m *model) columnLinear(name string, tp int64, parts ...slab) error {
 			return err
 		}
 		if i > 0 && sh[1] != in {
-			return &Error{"", fmt.Sprintf("%s.weight has %d input features where %s.weight has %d", s.module, sh[1], parts[0].module, in)}
+			return &Error{
+				"",
+				fmt.Sprintf(
+					"%s.weight has %d input features where %s.weight has %d",
+					s.module,
+					sh[1],
+					parts[0].module,
+					in,
+				),
+			}
 		}
 		if m.quantized(s.module) != quant {
-			return &Error{"", fmt.Sprintf("%s and %s are fused by the engine but only one is quantized", s.module, parts[0].module)}
+			return &Error{
+				"",
+				fmt.Sprintf("%s and %s are fused by the engine but only one is quantized", s.module, parts[0].module),
+			}
 		}
 		if (s.index+1)*s.n > sh[0] {
-			return &Error{"", fmt.Sprintf("%s.weight has %d rows; the rank needs rows up to %d", s.module, sh[0], (s.index+1)*s.n)}
+			return &Error{
+				"",
+				fmt.Sprintf("%s.weight has %d rows; the rank needs rows up to %d", s.module, sh[0], (s.index+1)*s.n),
+			}
 		}
 		in, rows, total = sh[1], rows+s.n, total+sh[0]
 		sizes = append(sizes, s.n)
@@ -216,7 +238,12 @@ func (m *model) columnLinear(name string, tp int64, parts ...slab) error {
 		at = 0
 		for _, s := range parts {
 			n := ceilDiv(s.n, m.blockN)
-			sc.place(s.module+".weight_scale_inv", []int64{ceilDiv(at, m.blockN), 0}, []int64{s.index * n, 0}, []int64{n, cols})
+			sc.place(
+				s.module+".weight_scale_inv",
+				[]int64{ceilDiv(at, m.blockN), 0},
+				[]int64{s.index * n, 0},
+				[]int64{n, cols},
+			)
 			at += s.n
 		}
 	}
@@ -260,7 +287,11 @@ func (m *model) rowLinear(name, module string) error {
 func (m *model) checkBlockShape(name string, tp, in, inPart, out int64, outParts []int64) error {
 	if tp > 1 && in/inPart == tp && inPart%m.blockK != 0 {
 		return &Error{"/layout/tensor_parallel_size", fmt.Sprintf(
-			"%s: the rank's %d input features are not whole FP8 scale blocks of %d (vLLM refuses this split)", name, inPart, m.blockK)}
+			"%s: the rank's %d input features are not whole FP8 scale blocks of %d (vLLM refuses this split)",
+			name,
+			inPart,
+			m.blockK,
+		)}
 	}
 	var sum int64
 	for _, p := range outParts {
@@ -276,7 +307,11 @@ func (m *model) checkBlockShape(name string, tp, in, inPart, out int64, outParts
 	for _, p := range check {
 		if p%m.blockN != 0 {
 			return &Error{"/layout/tensor_parallel_size", fmt.Sprintf(
-				"%s: an output partition of %d features is not whole FP8 scale blocks of %d (vLLM refuses this split)", name, p, m.blockN)}
+				"%s: an output partition of %d features is not whole FP8 scale blocks of %d (vLLM refuses this split)",
+				name,
+				p,
+				m.blockN,
+			)}
 		}
 	}
 	return nil
@@ -340,7 +375,12 @@ func (m *model) qkv(dst, src string, heads, kvHeads, headDim int64) error {
 	}
 	kvIndex, kvLocal := r, int64(0)
 	if tp >= kvHeads {
-		replicas, err := divide("the ranks replicating num_key_value_heads", tp, kvHeads, "/layout/tensor_parallel_size")
+		replicas, err := divide(
+			"the ranks replicating num_key_value_heads",
+			tp,
+			kvHeads,
+			"/layout/tensor_parallel_size",
+		)
 		if err != nil {
 			return err
 		}
@@ -348,8 +388,17 @@ func (m *model) qkv(dst, src string, heads, kvHeads, headDim int64) error {
 	} else if kvLocal, err = divide("num_key_value_heads", kvHeads, tp, "/layout/tensor_parallel_size"); err != nil {
 		return err
 	}
-	return m.columnLinear(dst+"qkv_proj", tp,
-		slab{src + "q_proj", r, q * headDim}, slab{src + "k_proj", kvIndex, kvLocal * headDim}, slab{src + "v_proj", kvIndex, kvLocal * headDim})
+	return m.columnLinear(
+		dst+"qkv_proj",
+		tp,
+		slab{
+			src + "q_proj",
+			r,
+			q * headDim,
+		},
+		slab{src + "k_proj", kvIndex, kvLocal * headDim},
+		slab{src + "v_proj", kvIndex, kvLocal * headDim},
+	)
 }
 
 // embedAndHead lays out the vocabulary embedding, the layers, the final norm and the LM head. With

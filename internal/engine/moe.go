@@ -57,7 +57,11 @@ func (m *model) experts(dst string, count int64, names expertModules) error {
 	if quant { // Fp8MoEMethod.create_weights refuses partitions that are not whole blocks
 		if per%m.blockN != 0 || (m.par.TP > 1 && per%m.blockK != 0) {
 			return &Error{"/layout/tensor_parallel_size", fmt.Sprintf(
-				"the experts' %d intermediate features per rank are not whole FP8 scale blocks of %dx%d (vLLM refuses this split)", per, m.blockN, m.blockK)}
+				"the experts' %d intermediate features per rank are not whole FP8 scale blocks of %dx%d (vLLM refuses this split)",
+				per,
+				m.blockN,
+				m.blockK,
+			)}
 		}
 	}
 	at := g.tpRank * per

@@ -11,7 +11,11 @@ func TestVLLMVocabularyRows(t *testing.T) {
 	for _, c := range []struct{ vocab, tp, rows int64 }{{128256, 8, 16032}, {32000, 8, 4000}, {1100, 4, 288}, {1100, 8, 144}} {
 		cfg, _ := json.Marshal(map[string]any{"architectures": []string{"LlamaForCausalLM"}, "torch_dtype": "bfloat16",
 			"hidden_size": 8, "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 0, "vocab_size": c.vocab})
-		shapes := map[string][]int64{"model.embed_tokens.weight": {c.vocab, 8}, "lm_head.weight": {c.vocab, 8}, "model.norm.weight": {8}}
+		shapes := map[string][]int64{
+			"model.embed_tokens.weight": {c.vocab, 8},
+			"lm_head.weight":            {c.vocab, 8},
+			"model.norm.weight":         {8},
+		}
 		infos := map[string]TensorInfo{}
 		for n, s := range shapes {
 			infos[n] = TensorInfo{DType: "BF16", Shape: s}

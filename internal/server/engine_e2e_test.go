@@ -19,7 +19,13 @@ import (
 // v0.10.2's ShardedStateLoader.save_model writes per rank. The request bodies are raw JSON, so
 // the test does not depend on the generated request types.
 
-var vrefMoE = map[string]bool{"mixtral": true, "qwen2moe": true, "qwen3moe": true, "deepseekv3": true, "deepseekv3-fp8": true}
+var vrefMoE = map[string]bool{
+	"mixtral":        true,
+	"qwen2moe":       true,
+	"qwen3moe":       true,
+	"deepseekv3":     true,
+	"deepseekv3-fp8": true,
+}
 
 // vrefPut writes a variant's config.json and model.safetensors into the harness's store.
 func vrefPut(t *testing.T, h *harness, name, variant string) ([]byte, map[string]vllmref.Tensor) {
@@ -120,18 +126,37 @@ func vrefParseSafetensors(t *testing.T, body []byte) map[string]vllmref.Tensor {
 }
 
 func vrefIsProblem(res response, status int) bool {
-	return res.status == status && strings.HasPrefix(res.header.Get("Content-Type"), "application/problem+json") && res.problem.Status == status
+	return res.status == status && strings.HasPrefix(res.header.Get("Content-Type"), "application/problem+json") &&
+		res.problem.Status == status
 }
 
 // vrefCheckRank asks for one rank in the safetensors format and compares it with vllmref.Rank.
-func vrefCheckRank(t *testing.T, h *harness, name string, cfg []byte, hf map[string]vllmref.Tensor, p vllmref.Parallel) {
+func vrefCheckRank(
+	t *testing.T,
+	h *harness,
+	name string,
+	cfg []byte,
+	hf map[string]vllmref.Tensor,
+	p vllmref.Parallel,
+) {
 	t.Helper()
 	want, refErr := vllmref.Rank(cfg, hf, p)
-	res := h.do("POST", "/v1/shards", map[string]any{"checkpoint": name, "format": "safetensors", "layout": vrefLayout(p)})
+	res := h.do(
+		"POST",
+		"/v1/shards",
+		map[string]any{"checkpoint": name, "format": "safetensors", "layout": vrefLayout(p)},
+	)
 	what := fmt.Sprintf("%+v", p)
 	if refErr != nil {
 		if !vrefIsProblem(res, 422) {
-			t.Errorf("%s: vLLM refuses it (%v); the server answered %d %s %.200s", what, refErr, res.status, res.header.Get("Content-Type"), res.body)
+			t.Errorf(
+				"%s: vLLM refuses it (%v); the server answered %d %s %.200s",
+				what,
+				refErr,
+				res.status,
+				res.header.Get("Content-Type"),
+				res.body,
+			)
 		}
 		return
 	}
@@ -153,12 +178,25 @@ func vrefCheckRaw(t *testing.T, h *harness, name string, cfg []byte, hf map[stri
 	sres := h.do("POST", "/v1/shards", map[string]any{"checkpoint": name, "format": "raw", "layout": vrefLayout(p)})
 	if refErr != nil {
 		if !vrefIsProblem(lres, 422) || !vrefIsProblem(sres, 422) {
-			t.Errorf("%s: vLLM refuses it (%v); /v1/layouts answered %d, /v1/shards %d", what, refErr, lres.status, sres.status)
+			t.Errorf(
+				"%s: vLLM refuses it (%v); /v1/layouts answered %d, /v1/shards %d",
+				what,
+				refErr,
+				lres.status,
+				sres.status,
+			)
 		}
 		return
 	}
 	if lres.status != 200 || sres.status != 200 {
-		t.Errorf("%s: /v1/layouts %d %.200s; /v1/shards %d %.200s", what, lres.status, lres.body, sres.status, sres.body)
+		t.Errorf(
+			"%s: /v1/layouts %d %.200s; /v1/shards %d %.200s",
+			what,
+			lres.status,
+			lres.body,
+			sres.status,
+			sres.body,
+		)
 		return
 	}
 	var table struct {
@@ -182,7 +220,8 @@ func vrefCheckRaw(t *testing.T, h *harness, name string, cfg []byte, hf map[stri
 	got := map[string]vllmref.Tensor{}
 	body := sres.body
 	for _, x := range table.Tensors {
-		if len(x.Boxes) != 1 || !slices.Equal(x.Boxes[0].Lengths, x.Shape) || slices.ContainsFunc(x.Boxes[0].Offsets, func(o int64) bool { return o != 0 }) {
+		if len(x.Boxes) != 1 || !slices.Equal(x.Boxes[0].Lengths, x.Shape) ||
+			slices.ContainsFunc(x.Boxes[0].Offsets, func(o int64) bool { return o != 0 }) {
 			t.Errorf("%s: %s has boxes %+v, want one box over its shape %v", what, x.Name, x.Boxes, x.Shape)
 		}
 		size := vllmref.ElemSize(x.DType)
@@ -222,7 +261,11 @@ func TestVLLMLayoutsMatchReference(t *testing.T) {
 			}
 			raw := []vllmref.Parallel{{TP: 1, DP: 1}, {TP: 2, TPRank: 1, DP: 1}, {TP: 8, TPRank: 7, DP: 1}}
 			if vrefMoE[variant] {
-				raw = append(raw, vllmref.Parallel{TP: 2, TPRank: 0, DP: 2, DPRank: 1, EnableEP: true}, vllmref.Parallel{TP: 4, TPRank: 3, DP: 2, DPRank: 1})
+				raw = append(
+					raw,
+					vllmref.Parallel{TP: 2, TPRank: 0, DP: 2, DPRank: 1, EnableEP: true},
+					vllmref.Parallel{TP: 4, TPRank: 3, DP: 2, DPRank: 1},
+				)
 			}
 			for _, p := range raw {
 				vrefCheckRaw(t, h, name, cfg, hf, p)
@@ -257,7 +300,14 @@ func TestVLLMMoreExpertRanksThanExperts(t *testing.T) {
 	cfg, hf := vrefPut(t, h, "mixtral", "mixtral")
 	for _, dpRank := range []int{0, 2, 3} {
 		for _, tpRank := range []int{0, 3} {
-			vrefCheckRank(t, h, "mixtral", cfg, hf, vllmref.Parallel{TP: 4, TPRank: tpRank, DP: 4, DPRank: dpRank, EnableEP: true})
+			vrefCheckRank(
+				t,
+				h,
+				"mixtral",
+				cfg,
+				hf,
+				vllmref.Parallel{TP: 4, TPRank: tpRank, DP: 4, DPRank: dpRank, EnableEP: true},
+			)
 		}
 	}
 }

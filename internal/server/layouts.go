@@ -25,15 +25,23 @@ func (s *Server) expandLayout(ctx context.Context, req *api.ShardRequest, ck *ch
 		return nil
 	}
 	if len(req.Tensors) > 0 {
-		return &Problem{Status: http.StatusBadRequest, Slug: "malformed-request", Title: "The request does not follow the schema",
+		return &Problem{
+			Status: http.StatusBadRequest,
+			Slug:   "malformed-request",
+			Title:  "The request does not follow the schema",
 			Detail: "a request carries either tensors (a table) or layout (an engine's rank), not both",
-			Errors: []api.FieldError{{Pointer: "/layout", Detail: "drop tensors or layout"}}}
+			Errors: []api.FieldError{{Pointer: "/layout", Detail: "drop tensors or layout"}},
+		}
 	}
 	config, err := s.cfg.Catalog.ReadFile(ctx, req.Checkpoint, configFile)
 	if errors.Is(err, checkpoint.ErrNoFile) {
-		return &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-layout", Title: "The layout cannot be built",
+		return &Problem{
+			Status: http.StatusUnprocessableEntity,
+			Slug:   "invalid-layout",
+			Title:  "The layout cannot be built",
 			Detail: "the checkpoint has no config.json, which a layout is built from; send a tensors table instead",
-			Errors: []api.FieldError{{Pointer: "/layout", Detail: "the checkpoint has no config.json"}}}
+			Errors: []api.FieldError{{Pointer: "/layout", Detail: "the checkpoint has no config.json"}},
+		}
 	}
 	if err != nil {
 		return err
@@ -133,7 +141,15 @@ func (s *Server) GetFile(w http.ResponseWriter, r *http.Request, name, file stri
 		}
 		if err != nil {
 			if ctx.Err() == nil && !errors.Is(err, io.ErrClosedPipe) {
-				s.log.Error("aborting a file after its headers were sent", "err", err, "file", f.Key, "request_id", middleware.GetReqID(ctx))
+				s.log.Error(
+					"aborting a file after its headers were sent",
+					"err",
+					err,
+					"file",
+					f.Key,
+					"request_id",
+					middleware.GetReqID(ctx),
+				)
 			}
 			panic(http.ErrAbortHandler)
 		}

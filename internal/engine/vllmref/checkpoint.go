@@ -11,7 +11,17 @@ import (
 )
 
 // Variants lists the checkpoint variants Checkpoint builds.
-var Variants = []string{"llama", "llama-tied", "qwen2", "qwen3", "mixtral", "qwen2moe", "qwen3moe", "deepseekv3", "deepseekv3-fp8"}
+var Variants = []string{
+	"llama",
+	"llama-tied",
+	"qwen2",
+	"qwen3",
+	"mixtral",
+	"qwen2moe",
+	"qwen3moe",
+	"deepseekv3",
+	"deepseekv3-fp8",
+}
 
 // The tiny sizes every variant shares. 8 query heads and 2 KV heads let TP 1, 2, 4 and 8 all work
 // (TP 4 and 8 replicate the KV heads); a head_dim of 16 differs from hidden/heads (8) for the
@@ -56,7 +66,15 @@ func Checkpoint(variant string, seed int64) (config []byte, tensors map[string]T
 			"tie_word_embeddings": false, "torch_dtype": "float16", "hidden_act": "silu", "rms_norm_eps": 1e-6,
 			"rope_theta": 1000000.0, "max_position_embeddings": 512,
 		}
-		g.decoder("F16", 2, tinyHidden/tinyHeads, true, false, "F16", func(l string) { g.mlp(l+"mlp", "F16", tinyInter) })
+		g.decoder(
+			"F16",
+			2,
+			tinyHidden/tinyHeads,
+			true,
+			false,
+			"F16",
+			func(l string) { g.mlp(l+"mlp", "F16", tinyInter) },
+		)
 		g.rand("lm_head.weight", "F16", tinyVocab, tinyHidden)
 	case "qwen3":
 		// The norms are stored F32 while the model runs in bfloat16: vLLM copies them into BF16
@@ -276,7 +294,14 @@ func (g *gen) moe(prefix, dtype string, experts int, fp8 bool) {
 
 // decoder adds the embedding, per-layer norms and attention, and the final norm of a Llama-family
 // model; mlp adds each layer's MLP. normDType is the dtype the norms are stored in.
-func (g *gen) decoder(dtype string, layers int, headDim int64, qkvBias, qkNorm bool, normDType string, mlp func(l string)) {
+func (g *gen) decoder(
+	dtype string,
+	layers int,
+	headDim int64,
+	qkvBias, qkNorm bool,
+	normDType string,
+	mlp func(l string),
+) {
 	g.rand("model.embed_tokens.weight", dtype, tinyVocab, tinyHidden)
 	for i := 0; i < layers; i++ {
 		l := fmt.Sprintf("model.layers.%d.", i)

@@ -134,7 +134,14 @@ func (c hfConfig) fp8Block() (bn, bk int64, ok bool) {
 		panic(refusal("config.json: quantization_config: " + err.Error()))
 	}
 	if q.QuantMethod != "fp8" || len(q.WeightBlockSize) != 2 {
-		panic(refusal(fmt.Sprintf("quantization_config %s: the reference models block-wise fp8 only", c["quantization_config"])))
+		panic(
+			refusal(
+				fmt.Sprintf(
+					"quantization_config %s: the reference models block-wise fp8 only",
+					c["quantization_config"],
+				),
+			),
+		)
 	}
 	if q.ActivationScheme != "dynamic" {
 		panic(refusal("block fp8 needs activation_scheme dynamic (Fp8LinearMethod.create_weights asserts it)"))

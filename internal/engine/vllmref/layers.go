@@ -160,7 +160,16 @@ func (b *builder) linScale(hf string, out, in int64) Tensor {
 func (b *builder) validateBlock(name string, tp, inputSize, outputSize, inPP int64, outPartSizes []int64) {
 	// "Required by row parallel"
 	if tp > 1 && inputSize/inPP == tp && inPP%b.bk != 0 {
-		panic(refusal(fmt.Sprintf("%s: weight input_size_per_partition = %d is not divisible by weight quantization block_k = %d", name, inPP, b.bk)))
+		panic(
+			refusal(
+				fmt.Sprintf(
+					"%s: weight input_size_per_partition = %d is not divisible by weight quantization block_k = %d",
+					name,
+					inPP,
+					b.bk,
+				),
+			),
+		)
 	}
 	// "Required by column parallel or enabling merged weights"
 	var sum int64
@@ -178,7 +187,16 @@ func (b *builder) validateBlock(name string, tp, inputSize, outputSize, inPP int
 		}
 		for _, s := range check {
 			if s%b.bn != 0 {
-				panic(refusal(fmt.Sprintf("%s: weight output_partition_size = %d is not divisible by weight quantization block_n = %d", name, s, b.bn)))
+				panic(
+					refusal(
+						fmt.Sprintf(
+							"%s: weight output_partition_size = %d is not divisible by weight quantization block_n = %d",
+							name,
+							s,
+							b.bn,
+						),
+					),
+				)
 			}
 		}
 	}
@@ -216,7 +234,9 @@ func (b *builder) column(names []string, hf string, quant, bias bool, out, in in
 	}
 	if quant {
 		rows := ceilDiv(outPP, b.bn)
-		b.add(narrowRows(b.linScale(hf, out, in), r*rows, rows, hf+".weight_scale_inv"), suffixed(names, ".weight_scale_inv")...)
+		b.add(
+			narrowRows(b.linScale(hf, out, in), r*rows, rows, hf+".weight_scale_inv"),
+			suffixed(names, ".weight_scale_inv")...)
 	}
 }
 
@@ -236,7 +256,9 @@ func (b *builder) row(names []string, hf string, quant, bias bool, out, in int64
 	}
 	if quant {
 		cols := ceilDiv(inPP, b.bk)
-		b.add(narrowCols(b.linScale(hf, out, in), r*cols, cols, hf+".weight_scale_inv"), suffixed(names, ".weight_scale_inv")...)
+		b.add(
+			narrowCols(b.linScale(hf, out, in), r*cols, cols, hf+".weight_scale_inv"),
+			suffixed(names, ".weight_scale_inv")...)
 	}
 }
 
@@ -348,16 +370,42 @@ type expertNames func(e int64) (gate, up, down string)
 // A rank with no local expert holds empty tensors, which _filter_subtensors drops.
 func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, quant bool, hf expertNames) {
 	if inter%b.p.moeTP != 0 {
-		panic(refusal(fmt.Sprintf("moe intermediate size %d is not divisible by the MoE tensor parallel size %d (TP x DP)", inter, b.p.moeTP)))
+		panic(
+			refusal(
+				fmt.Sprintf(
+					"moe intermediate size %d is not divisible by the MoE tensor parallel size %d (TP x DP)",
+					inter,
+					b.p.moeTP,
+				),
+			),
+		)
 	}
 	ipp := inter / b.p.moeTP
 	r := b.p.moeTPRank
 	if quant {
 		if ipp%b.bn != 0 {
-			panic(refusal(fmt.Sprintf("%s: the output_size of gate's and up's weight = %d is not divisible by weight quantization block_n = %d", prefixes[0], ipp, b.bn)))
+			panic(
+				refusal(
+					fmt.Sprintf(
+						"%s: the output_size of gate's and up's weight = %d is not divisible by weight quantization block_n = %d",
+						prefixes[0],
+						ipp,
+						b.bn,
+					),
+				),
+			)
 		}
 		if b.p.tp > 1 && ipp%b.bk != 0 {
-			panic(refusal(fmt.Sprintf("%s: the input_size of down's weight = %d is not divisible by weight quantization block_k = %d", prefixes[0], ipp, b.bk)))
+			panic(
+				refusal(
+					fmt.Sprintf(
+						"%s: the input_size of down's weight = %d is not divisible by weight quantization block_k = %d",
+						prefixes[0],
+						ipp,
+						b.bk,
+					),
+				),
+			)
 		}
 	}
 	start, count := localExperts(b.p.ep, b.p.epRank, numExperts)
@@ -375,8 +423,26 @@ func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, q
 		if quant {
 			rows := ceilDiv(ipp, b.bn)
 			cols := ceilDiv(ipp, b.bk)
-			gs, us, ds := b.linScale(gate, inter, hidden), b.linScale(up, inter, hidden), b.linScale(down, hidden, inter)
-			s13 = append(s13, catRows(narrowRows(gs, r*rows, rows, gate+".weight_scale_inv"), narrowRows(us, r*rows, rows, up+".weight_scale_inv")))
+			gs, us, ds := b.linScale(
+				gate,
+				inter,
+				hidden,
+			), b.linScale(
+				up,
+				inter,
+				hidden,
+			), b.linScale(
+				down,
+				hidden,
+				inter,
+			)
+			s13 = append(
+				s13,
+				catRows(
+					narrowRows(gs, r*rows, rows, gate+".weight_scale_inv"),
+					narrowRows(us, r*rows, rows, up+".weight_scale_inv"),
+				),
+			)
 			s2 = append(s2, narrowCols(ds, r*cols, cols, down+".weight_scale_inv"))
 		}
 	}

@@ -30,7 +30,12 @@ func Rank(config []byte, tensors map[string]Tensor, p Parallel) (out map[string]
 	b.bn, b.bk, b.fp8 = cfg.fp8Block()
 	arch := cfg.architecture()
 	switch arch {
-	case "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM":
+	case "LlamaForCausalLM",
+		"Qwen2ForCausalLM",
+		"Qwen3ForCausalLM",
+		"MixtralForCausalLM",
+		"Qwen2MoeForCausalLM",
+		"Qwen3MoeForCausalLM":
 		if b.fp8 {
 			panic(refusal("the reference models block fp8 for DeepSeek only"))
 		}
@@ -46,7 +51,9 @@ func Rank(config []byte, tensors map[string]Tensor, p Parallel) (out map[string]
 // decoder builds the Llama-family models: llama.py, qwen2.py, qwen3.py, mixtral.py, qwen2_moe.py,
 // qwen3_moe.py. They share the skeleton
 //
-//	model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{qkv_proj,o_proj}, post_attention_layernorm, mlp}, model.norm, lm_head
+//	model.embed_tokens, model.layers.N.{input_layernorm, self_attn.{qkv_proj,o_proj}, post_attention_layernorm, mlp},
+//
+// model.norm, lm_head
 //
 // and differ in attention biases, q_norm/k_norm, head_dim and the MLP/MoE block.
 func (b *builder) decoder(arch string) {
@@ -113,7 +120,10 @@ func (b *builder) decoder(arch string) {
 // "lm_head.weight" and "model.embed_tokens.weight" and _filter_subtensors keeps "lm_head.weight".
 func (b *builder) lmHead(vocabSize, hidden int64) {
 	if b.cfg.boolOr("tie_word_embeddings", false) {
-		i := slices.IndexFunc(b.params, func(p param) bool { return slices.Contains(p.names, "model.embed_tokens.weight") })
+		i := slices.IndexFunc(
+			b.params,
+			func(p param) bool { return slices.Contains(p.names, "model.embed_tokens.weight") },
+		)
 		b.params[i].names = append(b.params[i].names, "lm_head.weight")
 		return
 	}
@@ -129,7 +139,14 @@ func (b *builder) denseMLP(prefix string, inter, hidden int64, aliases ...string
 
 func (b *builder) denseMLPq(prefix string, inter, hidden int64, quant bool, aliases ...string) {
 	prefixes := append([]string{prefix}, aliases...)
-	b.merged(suffixed(prefixes, ".gate_up_proj"), []string{prefix + ".gate_proj", prefix + ".up_proj"}, quant, false, []int64{inter, inter}, hidden)
+	b.merged(
+		suffixed(prefixes, ".gate_up_proj"),
+		[]string{prefix + ".gate_proj", prefix + ".up_proj"},
+		quant,
+		false,
+		[]int64{inter, inter},
+		hidden,
+	)
 	b.row(suffixed(prefixes, ".down_proj"), prefix+".down_proj", quant, false, hidden, inter)
 }
 
@@ -168,13 +185,22 @@ func (b *builder) qwenMoE(arch string, i int64, l string, hidden int64) {
 		return
 	}
 	if b.p.tp > experts {
-		panic(refusal(fmt.Sprintf("Tensor parallel size %d is greater than the number of experts %d.", b.p.tp, experts)))
+		panic(
+			refusal(fmt.Sprintf("Tensor parallel size %d is greater than the number of experts %d.", b.p.tp, experts)),
+		)
 	}
 	p := l + "mlp"
-	b.fusedMoE([]string{p + ".experts"}, experts, c.int("moe_intermediate_size"), hidden, false, func(e int64) (string, string, string) {
-		x := fmt.Sprintf("%s.experts.%d.", p, e)
-		return x + "gate_proj", x + "up_proj", x + "down_proj"
-	})
+	b.fusedMoE(
+		[]string{p + ".experts"},
+		experts,
+		c.int("moe_intermediate_size"),
+		hidden,
+		false,
+		func(e int64) (string, string, string) {
+			x := fmt.Sprintf("%s.experts.%d.", p, e)
+			return x + "gate_proj", x + "up_proj", x + "down_proj"
+		},
+	)
 	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
 	if arch == "Qwen2MoeForCausalLM" {
 		if shared := c.intOr("shared_expert_intermediate_size", 0); shared > 0 {
@@ -273,10 +299,23 @@ func (b *builder) deepseekMoE(p string, hidden int64, quant bool) {
 		b.add(bias, p+".gate.e_score_correction_bias", p+".experts.e_score_correction_bias")
 	}
 	if shared, ok := c.nullableInt("n_shared_experts"); ok {
-		b.denseMLPq(p+".shared_experts", c.int("moe_intermediate_size")*shared, hidden, quant, p+".experts._shared_experts")
+		b.denseMLPq(
+			p+".shared_experts",
+			c.int("moe_intermediate_size")*shared,
+			hidden,
+			quant,
+			p+".experts._shared_experts",
+		)
 	}
-	b.fusedMoE([]string{p + ".experts"}, experts, c.int("moe_intermediate_size"), hidden, quant, func(e int64) (string, string, string) {
-		x := fmt.Sprintf("%s.experts.%d.", p, e)
-		return x + "gate_proj", x + "up_proj", x + "down_proj"
-	})
+	b.fusedMoE(
+		[]string{p + ".experts"},
+		experts,
+		c.int("moe_intermediate_size"),
+		hidden,
+		quant,
+		func(e int64) (string, string, string) {
+			x := fmt.Sprintf("%s.experts.%d.", p, e)
+			return x + "gate_proj", x + "up_proj", x + "down_proj"
+		},
+	)
 }

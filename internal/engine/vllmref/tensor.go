@@ -130,7 +130,9 @@ func filledF32(value float32, shape ...int64) Tensor {
 // copyRowsInto is dst.narrow(0, start, src.rows).copy_(src), refusing a range outside dst.
 func copyRowsInto(dst *Tensor, start int64, src Tensor, what string) {
 	if start < 0 || start+src.Shape[0] > dst.Shape[0] || rowBytes(src) != rowBytes(*dst) || src.DType != dst.DType {
-		panic(refusal(fmt.Sprintf("%s: cannot copy %v rows into rows [%d,...) of %v", what, src.Shape, start, dst.Shape)))
+		panic(
+			refusal(fmt.Sprintf("%s: cannot copy %v rows into rows [%d,...) of %v", what, src.Shape, start, dst.Shape)),
+		)
 	}
 	copy(dst.Data[start*rowBytes(*dst):], src.Data)
 }

@@ -138,7 +138,10 @@ func TestColumnAndRowSlabsReassemble(t *testing.T) {
 		if !same(narrowRows(emb, 0, tinyVocab, "e"), hf["model.embed_tokens.weight"]) {
 			t.Errorf("TP %d: embedding rows differ", tp)
 		}
-		if pad := narrowRows(emb, tinyVocab, 1152-tinyVocab, "pad"); !bytes.Equal(pad.Data, make([]byte, len(pad.Data))) {
+		if pad := narrowRows(emb, tinyVocab, 1152-tinyVocab, "pad"); !bytes.Equal(
+			pad.Data,
+			make([]byte, len(pad.Data)),
+		) {
 			t.Errorf("TP %d: padding rows are not zero", tp)
 		}
 	}
@@ -162,7 +165,8 @@ func TestKVHeadsReplicateWhenTPExceedsThem(t *testing.T) {
 			head := int64(r / (tp / tinyKV)) // rank r holds KV head r // (TP / num_kv_heads)
 			wantK := narrowRows(k, head*tinyHeadDim, tinyHeadDim, "k")
 			wantV := narrowRows(v, head*tinyHeadDim, tinyHeadDim, "v")
-			if !same(narrowRows(qkv, qRows, tinyHeadDim, "k"), wantK) || !same(narrowRows(qkv, qRows+tinyHeadDim, tinyHeadDim, "v"), wantV) {
+			if !same(narrowRows(qkv, qRows, tinyHeadDim, "k"), wantK) ||
+				!same(narrowRows(qkv, qRows+tinyHeadDim, tinyHeadDim, "v"), wantV) {
 				t.Errorf("TP %d rank %d does not hold KV head %d", tp, r, head)
 			}
 		}
@@ -234,10 +238,24 @@ func TestExpertParallelPlacesEveryExpertOnce(t *testing.T) {
 						seen[e]++
 						x := fmt.Sprintf(m.hfPrefix, e)
 						if !same(expert(w13, j), catRows(hf[x+m.gate+".weight"], hf[x+m.up+".weight"])) {
-							t.Errorf("%s EP %d rank %d: local expert %d is not [w1; w3] of expert %d", m.variant, ep, flat, j, e)
+							t.Errorf(
+								"%s EP %d rank %d: local expert %d is not [w1; w3] of expert %d",
+								m.variant,
+								ep,
+								flat,
+								j,
+								e,
+							)
 						}
 						if !same(expert(out[m.prefix+".w2_weight"], j), hf[x+m.down+".weight"]) {
-							t.Errorf("%s EP %d rank %d: local expert %d is not w2 of expert %d", m.variant, ep, flat, j, e)
+							t.Errorf(
+								"%s EP %d rank %d: local expert %d is not w2 of expert %d",
+								m.variant,
+								ep,
+								flat,
+								j,
+								e,
+							)
 						}
 					}
 				}
@@ -290,7 +308,12 @@ func TestRanksWithoutExpertsHoldNone(t *testing.T) {
 	m["architectures"] = []string{"MixtralForCausalLM"}
 	cfg, _ = json.Marshal(m)
 	for l := 0; l < 2; l++ {
-		hf[fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l)] = narrowRows(hf[fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l)], 0, 6, "gate")
+		hf[fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l)] = narrowRows(
+			hf[fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l)],
+			0,
+			6,
+			"gate",
+		)
 	}
 	for r := 0; r < 8; r++ {
 		out, err := Rank(cfg, hf, Parallel{TP: 8, TPRank: r, DP: 1, EnableEP: true})
@@ -391,11 +414,13 @@ func TestFP8ScalesFollowTheirBlocks(t *testing.T) {
 		}
 		g, u := half(expert(out["model.layers.1.mlp.experts.w13_weight_scale_inv"], 4))
 		x := "model.layers.1.mlp.experts.4."
-		if !same(g, narrowRows(hf[x+"gate_proj.weight_scale_inv"], int64(r)*2, 2, "g")) || !same(u, narrowRows(hf[x+"up_proj.weight_scale_inv"], int64(r)*2, 2, "u")) {
+		if !same(g, narrowRows(hf[x+"gate_proj.weight_scale_inv"], int64(r)*2, 2, "g")) ||
+			!same(u, narrowRows(hf[x+"up_proj.weight_scale_inv"], int64(r)*2, 2, "u")) {
 			t.Errorf("rank %d: expert 4's w13 scale blocks", r)
 		}
 	}
-	if !same(catRows(qb...), hf[a+"q_b_proj.weight_scale_inv"]) || !same(catCols(o...), hf[a+"o_proj.weight_scale_inv"]) {
+	if !same(catRows(qb...), hf[a+"q_b_proj.weight_scale_inv"]) ||
+		!same(catCols(o...), hf[a+"o_proj.weight_scale_inv"]) {
 		t.Error("column/row scale slabs do not reassemble")
 	}
 	if !same(catCols(w2s...), hf["model.layers.1.mlp.experts.4.down_proj.weight_scale_inv"]) {
@@ -457,16 +482,66 @@ func TestRefusals(t *testing.T) {
 		{"negative tp_rank", plain("llama"), Parallel{TP: 2, TPRank: -1, DP: 1}, "tp_rank"},
 		{"dp_rank out of range", plain("mixtral"), Parallel{TP: 1, DP: 2, DPRank: 2}, "dp_rank"},
 		{"TP 0", plain("llama"), Parallel{TP: 0, DP: 1}, "at least 1"},
-		{"fp8 TP 8: q_b_proj's 20 rows straddle 8-row blocks", plain("deepseekv3-fp8"), Parallel{TP: 8, TPRank: 0, DP: 1}, "block_n"},
-		{"fp8 TP 4 x DP 2 without EP: experts' 32 split into 4", plain("deepseekv3-fp8"), Parallel{TP: 4, TPRank: 1, DP: 2, DPRank: 1}, "block_n"},
-		{"qwen2moe TP over the experts", edit("qwen2moe", func(m map[string]any) { m["num_experts"] = 4 }), Parallel{TP: 8, DP: 1}, "greater than the number of experts"},
-		{"qwen3moe TP over the experts", edit("qwen3moe", func(m map[string]any) { m["num_experts"] = 4 }), Parallel{TP: 8, DP: 1}, "greater than the number of experts"},
-		{"MoE intermediate not divisible by TP x DP", edit("mixtral", func(m map[string]any) { m["intermediate_size"] = 36 }), Parallel{TP: 4, TPRank: 0, DP: 2}, "not divisible"},
-		{"dense intermediate not divisible", edit("llama", func(m map[string]any) { m["intermediate_size"] = 60 }), Parallel{TP: 8, DP: 1}, "not divisible"},
-		{"KV heads neither divide nor are divided by TP", edit("llama", func(m map[string]any) { m["num_key_value_heads"] = 3 }), Parallel{TP: 2, DP: 1}, "num_key_value_heads"},
-		{"unknown architecture", edit("llama", func(m map[string]any) { m["architectures"] = []string{"GPT2LMHeadModel"} }), Parallel{TP: 1, DP: 1}, "not modelled"},
-		{"float32 model", edit("llama", func(m map[string]any) { m["torch_dtype"] = "float32" }), Parallel{TP: 1, DP: 1}, "torch_dtype"},
-		{"shape disagrees with config", edit("llama", func(m map[string]any) { m["vocab_size"] = 1000 }), Parallel{TP: 1, DP: 1}, "shape"},
+		{
+			"fp8 TP 8: q_b_proj's 20 rows straddle 8-row blocks",
+			plain("deepseekv3-fp8"),
+			Parallel{TP: 8, TPRank: 0, DP: 1},
+			"block_n",
+		},
+		{
+			"fp8 TP 4 x DP 2 without EP: experts' 32 split into 4",
+			plain("deepseekv3-fp8"),
+			Parallel{TP: 4, TPRank: 1, DP: 2, DPRank: 1},
+			"block_n",
+		},
+		{
+			"qwen2moe TP over the experts",
+			edit("qwen2moe", func(m map[string]any) { m["num_experts"] = 4 }),
+			Parallel{TP: 8, DP: 1},
+			"greater than the number of experts",
+		},
+		{
+			"qwen3moe TP over the experts",
+			edit("qwen3moe", func(m map[string]any) { m["num_experts"] = 4 }),
+			Parallel{TP: 8, DP: 1},
+			"greater than the number of experts",
+		},
+		{
+			"MoE intermediate not divisible by TP x DP",
+			edit("mixtral", func(m map[string]any) { m["intermediate_size"] = 36 }),
+			Parallel{TP: 4, TPRank: 0, DP: 2},
+			"not divisible",
+		},
+		{
+			"dense intermediate not divisible",
+			edit("llama", func(m map[string]any) { m["intermediate_size"] = 60 }),
+			Parallel{TP: 8, DP: 1},
+			"not divisible",
+		},
+		{
+			"KV heads neither divide nor are divided by TP",
+			edit("llama", func(m map[string]any) { m["num_key_value_heads"] = 3 }),
+			Parallel{TP: 2, DP: 1},
+			"num_key_value_heads",
+		},
+		{
+			"unknown architecture",
+			edit("llama", func(m map[string]any) { m["architectures"] = []string{"GPT2LMHeadModel"} }),
+			Parallel{TP: 1, DP: 1},
+			"not modelled",
+		},
+		{
+			"float32 model",
+			edit("llama", func(m map[string]any) { m["torch_dtype"] = "float32" }),
+			Parallel{TP: 1, DP: 1},
+			"torch_dtype",
+		},
+		{
+			"shape disagrees with config",
+			edit("llama", func(m map[string]any) { m["vocab_size"] = 1000 }),
+			Parallel{TP: 1, DP: 1},
+			"shape",
+		},
 		{"missing tensor", func() ([]byte, map[string]Tensor) {
 			cfg, hf := Checkpoint("qwen2", 7)
 			delete(hf, "model.layers.1.self_attn.k_proj.bias")
