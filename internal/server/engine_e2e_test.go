@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/shardsrv/shardsrv/api"
 	"slices"
 	"sort"
 	"strings"
@@ -239,6 +240,14 @@ func vrefCheckRaw(t *testing.T, h *harness, name string, cfg []byte, hf map[stri
 		t.Errorf("%s: %d raw bytes after the last tensor", what, len(body))
 	}
 	vrefReport(t, what, vrefDiff(got, want))
+	// /v1/plan takes the same body and plans exactly the bytes /v1/shards sent.
+	var plan api.PlanResponse
+	pres := h.do("POST", "/v1/plan", map[string]any{"checkpoint": name, "layout": vrefLayout(p)})
+	if err := json.Unmarshal(pres.body, &plan); err != nil || pres.status != 200 ||
+		plan.Summary.OutputBytes != int64(len(sres.body)) || len(plan.Tensors) != len(table.Tensors) {
+		t.Errorf("%s: /v1/plan %d %.200s, want %d output bytes over %d tensors",
+			what, pres.status, pres.body, len(sres.body), len(table.Tensors))
+	}
 }
 
 // TestVLLMLayoutsMatchReference runs every variant x TP {1,2,4,8} x EP {off,on} x DP {1, and 2 for
