@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"github.com/shardsrv/shardsrv/api"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
 
+	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/engine/vllmref"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
