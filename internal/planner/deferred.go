@@ -260,7 +260,7 @@ func (s *segmenter) partReads(parts ...sourcePart) (needed int64, reads []Read, 
 		if err != nil {
 			return 0, nil, err
 		}
-		reads = append(reads, s.reads(p.t, sp)...)
+		reads = s.reads(reads, p.t, sp)
 		needed += touched(p.layout.Lengths, p.layout.Src) * p.elem
 	}
 	return needed, reads, nil

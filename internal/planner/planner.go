@@ -3,14 +3,21 @@
 // produced in output order, intersects each segment with the blocks, and turns each overlap into a
 // strided copy and the byte ranges of the file it reads, coalesced across small gaps and split
 // when long. It is pure: no I/O, no clocks, the same plan for the same inputs.
+//
+// Every plan is bounded before it is built: the body by MaxOutputBytes, the bytes read by
+// MaxOverread times the bytes needed, and segments, reads and copies by MaxReads, each counted
+// before the memory for it is taken. Blocks are indexed, so a box meets only the blocks it
+// overlaps, and planning stops soon after its context is cancelled.
 package planner
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
 	"strconv"
+	"unsafe"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
@@ -29,19 +36,71 @@ type Options struct {
 	MaxGap int64
 	// MaxRead splits longer reads into parallel requests.
 	MaxRead int64
-	// MaxReads refuses (422) a plan with more reads or segments than this.
+	// MaxReads refuses (422) a plan with more reads, segments or copies (block overlaps) than
+	// this (0: DefaultMaxReads). Each is counted before it is allocated.
 	MaxReads int64
-	// MaxOverread caps a merged read at this many times the bytes it needs (0: no cap), so a
-	// sparse layout does not read a whole file to save requests.
+	// MaxOverread caps every read, merged or aligned, at this many times the bytes it needs
+	// (0: DefaultMaxOverread), so a sparse layout does not read a whole file to save requests and
+	// no plan reads more than MaxOverread times its NeededBytes (about twice that for packed F4
+	// sources, whose nibbles round out to bytes).
 	MaxOverread int64
+	// MaxOutputBytes refuses (422) a request whose response body would be longer (0:
+	// DefaultMaxOutputBytes).
+	MaxOutputBytes int64
+	// MaxPlanBytes refuses (422) a request whose plan would hold more memory than this (0:
+	// DefaultMaxPlanBytes), checked as the plan grows, so a server can reserve this much of its
+	// memory budget before planning and keep Plan.MemoryBytes of it while the plan lives.
+	MaxPlanBytes int64
 	// Align rounds gather reads out to multiples of this many bytes (the cache's chunks, 0: off),
-	// so overlapping requests of different clients read the same chunks.
+	// so overlapping requests of different clients read the same chunks; a read is aligned only
+	// when that keeps it within MaxOverread.
 	Align int64
+	// NoPieces leaves Item.Pieces empty: they only feed the plan report (/v1/plan), and a table of
+	// a million blocks makes a million of them.
+	NoPieces bool
 }
 
-// DefaultOptions suit a local disk: 8 MiB segments, 64 KiB of gap worth a request, 16 MiB reads.
+// The defaults of the bounds; a zero Options field takes them.
+const (
+	DefaultMaxReads       = 1 << 20
+	DefaultMaxOverread    = 16
+	DefaultMaxOutputBytes = 1 << 40 // 1 TiB: no real shard is near it
+	DefaultMaxPlanBytes   = 256 << 20
+)
+
+// DefaultOptions suit a local disk: 8 MiB segments, 64 KiB of gap worth a request, 16 MiB reads,
+// no read more than 16 times what it needs, at most 1 Mi reads, a 1 TiB body and a 256 MiB plan.
 func DefaultOptions() Options {
-	return Options{SegmentBytes: 8 << 20, SegmentReadBytes: 16 << 20, MaxGap: 64 << 10, MaxRead: 16 << 20, MaxReads: 1 << 20}
+	return Options{SegmentBytes: 8 << 20, SegmentReadBytes: 16 << 20, MaxGap: 64 << 10, MaxRead: 16 << 20,
+		MaxReads: DefaultMaxReads, MaxOverread: DefaultMaxOverread, MaxOutputBytes: DefaultMaxOutputBytes, MaxPlanBytes: DefaultMaxPlanBytes}
+}
+
+// withDefaults fills the bounds left at zero, so no Options value plans without them.
+func (o Options) withDefaults() Options {
+	d := DefaultOptions()
+	if o.SegmentBytes <= 0 {
+		o.SegmentBytes = d.SegmentBytes
+	}
+	if o.SegmentReadBytes <= 0 {
+		o.SegmentReadBytes = d.SegmentReadBytes
+	}
+	if o.MaxRead <= 0 {
+		o.MaxRead = d.MaxRead
+	}
+	if o.MaxReads <= 0 {
+		o.MaxReads = d.MaxReads
+	}
+	if o.MaxOverread <= 0 {
+		o.MaxOverread = d.MaxOverread
+	}
+	if o.MaxOutputBytes <= 0 {
+		o.MaxOutputBytes = d.MaxOutputBytes
+	}
+	if o.MaxPlanBytes <= 0 {
+		o.MaxPlanBytes = d.MaxPlanBytes
+	}
+	o.MaxGap, o.Align = max(o.MaxGap, 0), max(o.Align, 0)
+	return o
 }
 
 // Plan is a validated request, ready to execute.
@@ -58,6 +117,11 @@ type Plan struct {
 	NeededBytes  int64
 	ReadBytes    int64
 	ReadRequests int64
+	// MemoryBytes is about how much memory the plan itself holds (items, pieces, segments,
+	// copies, reads, header, the blocks' conversions), for the server to charge to its memory
+	// budget while the plan lives.
+	MemoryBytes int64
+	pipelines   int64 // the part of it the conversions with post ops take
 }
 
 // Item is one box of one tensor, as it appears in the body.
@@ -148,19 +212,45 @@ type Copy struct {
 
 // New validates req against ck and plans it.
 func New(req *api.ShardRequest, ck *checkpoint.Checkpoint, opts Options) (*Plan, error) {
-	specs, verr := validate(req, ck)
-	if verr != nil {
-		return nil, verr
+	return NewContext(context.Background(), req, ck, opts)
+}
+
+// NewContext is New, stopping soon (well within 100 ms) after ctx is done with ctx's error.
+// Otherwise the error is a *ValidationError: 400 when its Schema is set, else 422.
+func NewContext(ctx context.Context, req *api.ShardRequest, ck *checkpoint.Checkpoint, opts Options) (*Plan, error) {
+	c := newChecker(ctx)
+	p, err := newPlan(c, req, ck, opts.withDefaults())
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func newPlan(c *checker, req *api.ShardRequest, ck *checkpoint.Checkpoint, opts Options) (*Plan, error) {
+	if c.tick(checkEvery) {
+		return nil, c.err
+	}
+	specs, err := validate(req, ck, c)
+	if err != nil {
+		return nil, err
 	}
 	p := &Plan{Checkpoint: req.Checkpoint, Format: api.Raw}
 	if req.Format != nil {
 		p.Format = *req.Format
 	}
+	boxes := 0
+	for _, spec := range specs {
+		boxes += len(spec.boxes)
+	}
+	p.Items = make([]Item, 0, boxes)
 	for _, spec := range specs {
 		for b, box := range spec.boxes {
 			name := spec.name
 			if len(spec.boxes) > 1 {
 				name += "#" + strconv.Itoa(b)
+			}
+			if c.tick(1) {
+				return nil, c.err
 			}
 			n, _ := product(box.Lengths)
 			p.Items = append(p.Items, Item{Tensor: spec.index, Box: b, Name: spec.name, StoredName: name, DType: spec.dtype,
@@ -172,28 +262,95 @@ func New(req *api.ShardRequest, ck *checkpoint.Checkpoint, opts Options) (*Plan,
 			return nil, err
 		}
 	}
+	// The body's length, and the segments counted before any is built: a small request cannot
+	// make a huge plan.
+	pl := &segmenter{opts: opts, plan: p, c: c, ck: ck}
+	for _, spec := range specs {
+		p.pipelines += spec.pipelineBytes
+	}
+	pl.mem = int64(unsafe.Sizeof(Plan{})) + int64(len(p.Header)) + int64(len(p.Items))*itemSize + p.pipelines
 	pos := int64(len(p.Header))
+	var segments int64
 	for i := range p.Items {
 		var ok bool
-		p.Items[i].Output = pos
-		if pos, ok = add(pos, p.Items[i].Bytes); !ok {
-			return nil, &ValidationError{Errors: []FieldError{{"/tensors", "the response would be larger than this service can address"}}}
+		it := &p.Items[i]
+		if c.tick(1) {
+			return nil, c.err
+		}
+		it.Output = pos
+		if pos, ok = add(pos, it.Bytes); !ok || pos > opts.MaxOutputBytes {
+			detail := fmt.Sprintf("with this box the response would be more than %d bytes, the most this server sends in one response; "+
+				"split the request", opts.MaxOutputBytes)
+			return nil, &ValidationError{Total: 1, Errors: []FieldError{{fmt.Sprintf("/tensors/%d/boxes/%d", it.Tensor, it.Box), detail}}}
+		}
+		pl.mem += 16 * int64(len(it.Lengths))
+		n, ok := pl.count(it.Lengths, int64(it.DType.Size()))
+		if segments += n; !ok || segments > opts.MaxReads || segments < 0 {
+			pl.tensor = it.Tensor
+			return nil, pl.tooMany("segments", max(segments, n), opts.MaxReads)
+		}
+		if pl.mem+segments*segmentSize > opts.MaxPlanBytes { // each segment takes at least that
+			pl.tensor = it.Tensor
+			return nil, pl.charge(segments * segmentSize)
 		}
 	}
 	p.BodyBytes = pos
-	pl := &segmenter{opts: opts, plan: p, fileEnds: map[string]int64{}}
-	for _, t := range ck.Tensors {
-		pl.fileEnds[t.Key] = max(pl.fileEnds[t.Key], t.End)
-	}
 	for i := range p.Items {
 		it := &p.Items[i]
 		spec := specByIndex(specs, it.Tensor)
-		it.Pieces = pieces(spec, it)
+		if it.Pieces, err = pl.piecesOf(spec, it); err != nil {
+			return nil, err
+		}
 		if err := pl.segment(spec, it); err != nil {
 			return nil, err
 		}
 	}
+	if c.err != nil { // a loop that noticed the cancellation without returning it
+		return nil, c.err
+	}
+	p.MemoryBytes = p.memory()
 	return p, nil
+}
+
+const (
+	itemSize    = int64(unsafe.Sizeof(Item{}))
+	pieceSize   = int64(unsafe.Sizeof(Piece{}))
+	segmentSize = int64(unsafe.Sizeof(Segment{}))
+	readSize    = int64(unsafe.Sizeof(Read{}))
+	copySize    = int64(unsafe.Sizeof(Copy{}))
+	kernelSize  = int64(unsafe.Sizeof(LoRA{})) + int64(unsafe.Sizeof(tensor.LoRARegion{})) // the largest kernel and its region
+)
+
+// memory estimates the bytes a plan holds: its structs and the arrays they point to (strings
+// are shared with the checkpoint and the request).
+func (p *Plan) memory() int64 {
+	n := int64(unsafe.Sizeof(Plan{})) + int64(cap(p.Header)) + int64(cap(p.Items))*itemSize + p.pipelines
+	for i := range p.Items {
+		it := &p.Items[i]
+		n += 8*int64(cap(it.Offsets)+cap(it.Lengths)) + piecesMemory(it.Pieces)
+		n += int64(cap(it.Segments)-len(it.Segments)) * segmentSize
+		for j := range it.Segments {
+			n += segmentMemory(&it.Segments[j])
+		}
+	}
+	return n
+}
+
+func piecesMemory(pieces []Piece) int64 {
+	n := int64(cap(pieces)) * pieceSize
+	for _, pc := range pieces {
+		n += 8 * int64(cap(pc.Offsets)+cap(pc.Lengths))
+	}
+	return n
+}
+
+func segmentMemory(seg *Segment) int64 {
+	n := segmentSize + int64(len(seg.Fill)) + int64(cap(seg.Direct)+cap(seg.Spans))*readSize + int64(cap(seg.Copies))*copySize
+	n += int64(cap(seg.Dequants)+cap(seg.MXFP4s)+cap(seg.LoRAs)) * kernelSize
+	for _, c := range seg.Copies {
+		n += 8 * int64(cap(c.Layout.Lengths)+cap(c.Layout.Src)+cap(c.Layout.Dst))
+	}
+	return n
 }
 
 func specByIndex(specs []tensorSpec, index int) *tensorSpec {
@@ -201,19 +358,44 @@ func specByIndex(specs []tensorSpec, index int) *tensorSpec {
 	return &specs[i]
 }
 
-func pieces(spec *tensorSpec, it *Item) []Piece {
-	var out []Piece
+// piecesOf lists the blocks' parts inside an item, for the plan report; there are no more of
+// them than copies, so they count against MaxReads too, before they are allocated.
+func (s *segmenter) piecesOf(spec *tensorSpec, it *Item) ([]Piece, error) {
+	s.tensor = it.Tensor
+	if s.opts.NoPieces {
+		return nil, nil
+	}
 	if d := spec.deferred; d != nil {
-		return []Piece{{Block: -1, Source: d.weight.Name, Offsets: it.Offsets, Lengths: it.Lengths}}
+		return []Piece{{Block: -1, Source: d.weight.Name, Offsets: it.Offsets, Lengths: it.Lengths}}, nil
 	}
-	for _, b := range spec.blocks {
-		off, l, ok := intersect(it.Offsets, it.Lengths, b.Offsets, b.Lengths)
-		if !ok {
-			continue
+	s.hits = spec.lookup.query(it.Offsets, it.Lengths, s.hits[:0], s.c)
+	if s.c.err != nil {
+		return nil, s.c.err
+	}
+	if s.pieces += int64(len(s.hits)); s.pieces > s.opts.MaxReads {
+		return nil, s.tooMany("block pieces", s.pieces, s.opts.MaxReads)
+	}
+	estimate := (pieceSize + 16*int64(len(it.Offsets))) * int64(len(s.hits))
+	if err := s.charge(estimate); err != nil { // before allocating them
+		return nil, err
+	}
+	out := make([]Piece, len(s.hits))
+	rank := len(it.Offsets)
+	buf := make([]int64, 2*rank*len(s.hits))
+	for i, j := range s.hits {
+		if s.c.tick(1) {
+			return nil, s.c.err
 		}
-		out = append(out, Piece{Block: b.index, Source: b.Source, Offsets: off, Lengths: l, Direct: directAxes(&b, l)})
+		b := &spec.blocks[j]
+		off, l := buf[2*rank*i:2*rank*i+rank:2*rank*i+rank], buf[2*rank*i+rank:2*rank*(i+1):2*rank*(i+1)]
+		for d := range rank {
+			lo, hi := max(it.Offsets[d], b.Offsets[d]), min(it.Offsets[d]+it.Lengths[d], b.Offsets[d]+b.Lengths[d])
+			off[d], l[d] = lo, hi-lo
+		}
+		out[i] = Piece{Block: b.index, Source: b.Source, Offsets: off, Lengths: l, Direct: directAxes(b, l)}
 	}
-	return out
+	s.mem += piecesMemory(out) - estimate
+	return out, nil
 }
 
 // directAxes is the seed's _direct_axes: true when no post op applies and every destination
@@ -222,7 +404,11 @@ func directAxes(b *blockSpec, lengths []int64) bool {
 	if b.Post != nil && len(*b.Post) > 0 {
 		return false
 	}
-	used := map[int]bool{}
+	var used uint64 // source dimensions walked, for the first 64
+	var more []bool // and the rest
+	if len(b.Coeff) > 64 {
+		more = make([]bool, len(b.Coeff))
+	}
 	for a, n := range lengths {
 		if n == 1 {
 			continue
@@ -236,10 +422,20 @@ func directAxes(b *blockSpec, lengths []int64) bool {
 				walked = s
 			}
 		}
-		if walked < 0 || b.Coeff[walked][a] != 1 || used[walked] {
+		if walked < 0 || b.Coeff[walked][a] != 1 {
 			return false
 		}
-		used[walked] = true
+		if walked < 64 {
+			if used&(1<<walked) != 0 {
+				return false
+			}
+			used |= 1 << walked
+		} else {
+			if more[walked] {
+				return false
+			}
+			more[walked] = true
+		}
 	}
 	return true
 }

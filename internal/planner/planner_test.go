@@ -13,7 +13,7 @@ import (
 )
 
 // testCheckpoint is an in-memory catalog entry: "a" F32 [8,8], "b" BF16 [4,4,4], "s" an I64 scalar,
-// all in one file whose data starts at byte 128.
+// "w" BF16 [16,32], all in one file whose data starts at byte 128.
 func testCheckpoint() *checkpoint.Checkpoint {
 	ck := &checkpoint.Checkpoint{Name: "ck", Tensors: map[string]*checkpoint.Tensor{}}
 	off := int64(128)
@@ -21,7 +21,7 @@ func testCheckpoint() *checkpoint.Checkpoint {
 		name  string
 		dtype tensor.DType
 		shape []int64
-	}{{"a", tensor.F32, []int64{8, 8}}, {"b", tensor.BF16, []int64{4, 4, 4}}, {"s", tensor.I64, nil}} {
+	}{{"a", tensor.F32, []int64{8, 8}}, {"b", tensor.BF16, []int64{4, 4, 4}}, {"s", tensor.I64, nil}, {"w", tensor.BF16, []int64{16, 32}}} {
 		n := int64(t.dtype.Size())
 		for _, d := range t.shape {
 			n *= d
@@ -122,6 +122,34 @@ var fuzzSeeds = []string{
 	`{"checkpoint":"ck","tensors":[{"name":"s","dtype":"F64","shape":[],"boxes":[{"offsets":[],"lengths":[]}],"blocks":[{"offsets":[],"lengths":[],"source":"s","base":[],"coeff":[]}]}]}`,
 	`{"checkpoint":"ck","tensors":[{"name":"r","dtype":"F32","shape":[2,16],"boxes":[{"offsets":[0,0],"lengths":[2,16]}],"blocks":[{"offsets":[0,0],"lengths":[2,16],"source":"a","base":[0,0],"coeff":[[2,0],[0,0]]}]}]}`,
 	`{"checkpoint":"ck","tensors":[{"name":"w","dtype":"F32","shape":[4,2,8],"boxes":[{"offsets":[1,0,0],"lengths":[3,2,8]}],"blocks":[{"offsets":[0,0,0],"lengths":[4,2,8],"source":"a","base":[0,0],"coeff":[[2,1,0],[0,0,1]]}]}]}`,
+	// a transpose of w, whole and a box inside it (issue 15: read amplification)
+	`{"checkpoint":"ck","tensors":[{"name":"tt","dtype":"BF16","shape":[32,16],"boxes":[{"offsets":[0,0],"lengths":[32,16]},{"offsets":[3,2],"lengths":[20,9]}],` +
+		`"blocks":[{"offsets":[0,0],"lengths":[32,16],"source":"w","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
+	manyBlocksSeed(),
+}
+
+// manyBlocksSeed is a request of many blocks (issue 15: planning time): 32 column blocks widened
+// to F32, and a 4x4 grid of transposed 2x2 blocks with one missing and a fill, in the safetensors
+// format.
+func manyBlocksSeed() string {
+	id, tr := [][]int64{{1, 0}, {0, 1}}, [][]int64{{0, 1}, {1, 0}}
+	var cols, grid []api.Block
+	for j := range int64(32) {
+		cols = append(cols, api.Block{Offsets: []int64{0, j}, Lengths: []int64{2, 1}, Source: "w", Base: []int64{3, j}, Coeff: id})
+	}
+	for i := range int64(4) {
+		for j := range int64(4) {
+			if i != 2 || j != 1 {
+				grid = append(grid, api.Block{Offsets: []int64{2 * i, 2 * j}, Lengths: []int64{2, 2}, Source: "w", Base: []int64{2 * j, 2*i + 8}, Coeff: tr})
+			}
+		}
+	}
+	fill, format := -1.0, api.Safetensors
+	body, _ := json.Marshal(api.ShardRequest{Checkpoint: "ck", Format: &format, Tensors: []api.TensorRequest{
+		{Name: "c", Dtype: api.F32, Shape: []int64{2, 32}, Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{2, 32}}, {Offsets: []int64{1, 5}, Lengths: []int64{1, 20}}}, Blocks: &cols},
+		{Name: "g", Dtype: api.BF16, Shape: []int64{8, 8}, Fill: &fill, Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{8, 8}}, {Offsets: []int64{3, 1}, Lengths: []int64{4, 6}}}, Blocks: &grid},
+	}})
+	return string(body)
 }
 
 func FuzzPlan(f *testing.F) {
@@ -143,10 +171,14 @@ func FuzzPlan(f *testing.F) {
 			}
 			return
 		}
+		checkBounds(t, p, opts)
 		if p.BodyBytes > 1<<20 {
 			return
 		}
 		checkInvariants(t, p, ck)
+		if p.BodyBytes <= 1<<14 {
+			checkValues(t, &req, ck, p)
+		}
 	})
 }
 
@@ -164,11 +196,14 @@ func TestSeedsPlanAndHoldInvariants(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, seg := range []int64{1, 7, 64, 1 << 20} {
-			p, err := New(&req, testCheckpoint(), Options{SegmentBytes: seg, SegmentReadBytes: seg, MaxGap: 8, MaxRead: 16, MaxReads: 1 << 20})
+			opts := Options{SegmentBytes: seg, SegmentReadBytes: seg, MaxGap: 8, MaxRead: 16, MaxReads: 1 << 20}
+			p, err := New(&req, testCheckpoint(), opts)
 			if err != nil {
 				t.Fatalf("%s: %v", s, err)
 			}
 			checkInvariants(t, p, testCheckpoint())
+			checkBounds(t, p, opts)
+			checkValues(t, &req, testCheckpoint(), p)
 		}
 	}
 }
@@ -189,7 +224,7 @@ func TestDirectAxes(t *testing.T) {
 		{[][]int64{{4, 1}}, []int64{3, 4}, false, false},         // reshape: two dims on one source dim
 	}
 	for _, c := range cases {
-		b := blockSpec{Block: api.Block{Coeff: c.coeff}}
+		b := blockSpec{Block: &api.Block{Coeff: c.coeff}}
 		if c.post {
 			b.Post = &[]api.PostOp{{Op: "neg"}}
 		}

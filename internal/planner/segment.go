@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 
@@ -13,8 +14,28 @@ import (
 type segmenter struct {
 	opts     Options
 	plan     *Plan
+	c        *checker
 	segments int64
-	fileEnds map[string]int64 // end of the last tensor of each file: aligned reads stop there
+	overlaps int64 // (segment, block) overlaps and completion kernels planned: copies and direct runs
+	pieces   int64
+	mem      int64 // memory the plan holds so far (Plan.MemoryBytes as it grows)
+	ck       *checkpoint.Checkpoint
+	fileEnds map[string]int64 // end of the last tensor of each file, made when first needed
+	tensor   int              // the request index of the tensor being planned, for error pointers
+	// scratch, reused from one copy to the next
+	hits      []int32
+	o, l      []int64
+	runsBuf   [][2]int64
+	spansBuf  [][3]int64
+	odometer  []int64
+	copies    []Copy
+	directs   []Read
+	pending   []Read
+	lay       scratch // a copy's layout before it is kept
+	fused     scratch // a fused copy's layout
+	group     fusion
+	committed int64 // reads of the segments planned so far (ReadRequests)
+	direct    int64 // direct reads of the segment being built
 }
 
 func rowStrides(lengths []int64, elem int64) []int64 {
@@ -26,25 +47,56 @@ func rowStrides(lengths []int64, elem int64) []int64 {
 	return out
 }
 
-func tooMany(what string, n, limit int64) error {
-	return &ValidationError{Errors: []FieldError{{"/tensors", fmt.Sprintf("the plan needs more than %d %s (at least %d); split the request or use a layout with longer contiguous runs", limit, what, n)}}}
+// charge adds n bytes to the plan's memory, refusing past MaxPlanBytes.
+func (s *segmenter) charge(n int64) error {
+	if s.mem += n; s.mem > s.opts.MaxPlanBytes {
+		detail := fmt.Sprintf("the plan would take more than %d bytes of memory, the most this server gives one plan; split the request",
+			s.opts.MaxPlanBytes)
+		return &ValidationError{Errors: []FieldError{{fmt.Sprintf("/tensors/%d", s.tensor), detail}}, Total: 1}
+	}
+	return nil
+}
+
+func (s *segmenter) tooMany(what string, n, limit int64) error {
+	detail := fmt.Sprintf("the plan needs more than %d %s (at least %d); split the request or use a layout with longer contiguous runs",
+		limit, what, n)
+	return &ValidationError{Errors: []FieldError{{fmt.Sprintf("/tensors/%d", s.tensor), detail}}, Total: 1}
+}
+
+// cut is how segment cuts a box of these lengths: k is the outermost dimension whose one step
+// fits in a segment, chunk how many steps of it a segment takes, step the byte strides of the box.
+func (s *segmenter) cut(lengths []int64, elem int64) (k int, chunk int64, step []int64) {
+	step = rowStrides(lengths, elem)
+	for k < len(lengths)-1 && step[k] > s.opts.SegmentBytes {
+		k++
+	}
+	return k, max(1, s.opts.SegmentBytes/step[k]), step
+}
+
+// count is how many segments segment cuts an item into before any is halved (at least how many
+// the item needs), computed without building them; ok is false past int64.
+func (s *segmenter) count(lengths []int64, elem int64) (int64, bool) {
+	if len(lengths) == 0 {
+		return 1, true
+	}
+	k, chunk, _ := s.cut(lengths, elem)
+	n, ok := product(lengths[:k])
+	if !ok {
+		return 0, false
+	}
+	return mul(n, (lengths[k]+chunk-1)/chunk)
 }
 
 // segment cuts an item into row-major runs of the box that are boxes themselves: fixed indices on
 // the dimensions before k, a range along k, whole lengths after it, with k the outermost dimension
 // whose one step fits in a segment.
 func (s *segmenter) segment(spec *tensorSpec, it *Item) error {
+	s.tensor = it.Tensor
 	elem := int64(spec.dtype.Size())
-	rank := len(it.Lengths)
-	if rank == 0 {
+	if len(it.Lengths) == 0 {
 		return s.emit(spec, it, nil, nil, it.Output)
 	}
-	step := rowStrides(it.Lengths, elem)
-	k := 0
-	for k < rank-1 && step[k] > s.opts.SegmentBytes {
-		k++
-	}
-	chunk := max(1, s.opts.SegmentBytes/step[k])
+	k, chunk, step := s.cut(it.Lengths, elem)
 	idx := make([]int64, k) // odometer over the dimensions before k
 	for {
 		var out int64
@@ -79,10 +131,13 @@ func (s *segmenter) segment(spec *tensorSpec, it *Item) error {
 
 // emit plans one segment, halving it while it would read more than SegmentReadBytes.
 func (s *segmenter) emit(spec *tensorSpec, it *Item, off, lens []int64, out int64) error {
-	if s.segments++; s.segments > s.opts.MaxReads {
-		return tooMany("segments", s.segments, s.opts.MaxReads)
+	if s.c.tick(1) {
+		return s.c.err
 	}
-	seg, needed, err := s.build(spec, off, lens, out)
+	if s.segments++; s.segments > s.opts.MaxReads {
+		return s.tooMany("segments", s.segments, s.opts.MaxReads)
+	}
+	seg, needed, work, err := s.build(spec, off, lens, out)
 	if err != nil {
 		return err
 	}
@@ -119,65 +174,121 @@ func (s *segmenter) emit(spec *tensorSpec, it *Item, off, lens []int64, out int6
 		}
 	}
 	if p.ReadRequests > s.opts.MaxReads {
-		return tooMany("reads", p.ReadRequests, s.opts.MaxReads)
+		return s.tooMany("reads", p.ReadRequests, s.opts.MaxReads)
 	}
+	s.committed = p.ReadRequests
+	s.overlaps += work
 	it.Segments = append(it.Segments, seg)
-	return nil
+	return s.charge(segmentMemory(&seg))
 }
 
-// build plans the copies and reads of one segment and returns the source bytes it depends on.
-func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segment, int64, error) {
+// compactReads is how many gather reads a segment collects before it coalesces them: a segment
+// meeting a million blocks holds a few thousand reads at a time, not a million.
+const compactReads = 1 << 14
+
+// build plans the copies and reads of one segment and returns the source bytes it depends on and
+// the overlaps it plans (copies, direct runs and completion kernels).
+func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segment, int64, int64, error) {
 	elem := int64(spec.dtype.Size())
 	total, _ := product(lens)
 	seg := Segment{Output: out, Bytes: total * elem}
 	dstStrides := rowStrides(lens, elem)
-	var spans []Read
+	spans := s.pending[:0] // gather reads, coalesced every so often
+	defer func() { s.pending = spans[:0] }()
 	var covered, needed int64
-	for i := range spec.blocks {
-		b := &spec.blocks[i]
-		o, l, ok := intersect(off, lens, b.Offsets, b.Lengths)
-		if !ok {
-			continue
+	s.direct = 0
+	compactAt := compactReads
+	s.hits = spec.lookup.query(off, lens, s.hits[:0], s.c)
+	if s.c.err != nil {
+		return seg, 0, 0, s.c.err
+	}
+	work := int64(len(s.hits))
+	if spec.deferred != nil {
+		work = 1
+	}
+	if s.overlaps+work > s.opts.MaxReads {
+		return seg, 0, 0, s.tooMany("copies", s.overlaps+work, s.opts.MaxReads)
+	}
+	rank := len(lens)
+	if cap(s.o) < 2*rank {
+		s.o, s.l = make([]int64, 2*rank), make([]int64, 2*rank)
+		s.lay, s.fused = newScratch(rank), newScratch(rank+1)
+	}
+	o, l := s.o[:rank], s.l[:rank]
+	// Copies and direct reads collect in scratch and are cloned at their final size: a plan may
+	// hold a million of them, and growing its slices would copy them again and again.
+	s.copies, s.directs = s.copies[:0], s.directs[:0]
+	defer func() { s.copies, s.directs = s.copies[:0], s.directs[:0] }()
+	// Copies of consecutive blocks that differ only by a constant step in source and destination
+	// (column blocks, per-head blocks, experts) are fused into one copy with one more dimension,
+	// which may then be contiguous enough to read directly.
+	g := &s.group
+	g.k = 0
+	flush := func() error {
+		if g.k == 0 {
+			return nil
 		}
-		n, _ := product(l)
+		k := g.k
+		g.k = 0
+		lay := g.layout
+		if k > 1 {
+			f := s.fused.reset()
+			at := 0
+			for at < len(lay.Lengths) && lay.Dst[at] > g.dD { // keep the destination row-major
+				at++
+			}
+			f.Lengths = append(append(append(f.Lengths, lay.Lengths[:at]...), k), lay.Lengths[at:]...)
+			f.Src = append(append(append(f.Src, lay.Src[:at]...), g.dS), lay.Src[at:]...)
+			f.Dst = append(append(append(f.Dst, lay.Dst[:at]...), g.dD), lay.Dst[at:]...)
+			lay = f
+		}
+		return s.plan1(g.b, simplify(lay.Lengths, lay.Src, lay.Dst), g.src, g.dst, &spans, &compactAt)
+	}
+	for _, j := range s.hits {
+		if s.c.tick(1) {
+			return seg, 0, 0, s.c.err
+		}
+		b := &spec.blocks[j]
+		n := int64(1)
+		for d := range rank {
+			lo, hi := max(off[d], b.Offsets[d]), min(off[d]+lens[d], b.Offsets[d]+b.Lengths[d])
+			o[d], l[d] = lo, hi-lo
+			n *= hi - lo
+		}
 		covered += n
 		src, dst := b.baseOffset, int64(0)
 		for a := range l {
 			src += (o[a] - b.Offsets[a]) * b.srcStrides[a]
 			dst += (o[a] - off[a]) * dstStrides[a]
 		}
-		srcElem := int64(b.src.DType.Size())
-		if b.nibbles {
-			srcElem = 1 // addresses count nibbles
-		}
-		layout := tensor.Strided{Lengths: l, Src: b.srcStrides, Dst: dstStrides}.Simplify()
+		layout := s.lay.simplify(l, b.srcStrides, dstStrides)
 		if b.nibbles {
 			needed += (touched(layout.Lengths, layout.Src) + 1) / 2
 		} else {
-			needed += touched(layout.Lengths, layout.Src) * srcElem
+			needed += touched(layout.Lengths, layout.Src) * int64(b.src.DType.Size())
 		}
-		if run, ok := directRun(layout, srcElem, b.pipeline.Identity()); ok && !b.nibbles && run >= s.opts.MaxGap {
-			runs, err := s.runs(layout.Lengths[:max(0, len(layout.Lengths)-1)], layout.Src, layout.Dst, src, dst)
-			if err != nil {
-				return seg, 0, err
-			}
-			for _, r := range runs {
-				seg.Direct = append(seg.Direct, Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: run, Dst: r[1], Needed: run})
+		if g.k > 0 && g.extends(b, layout, src, dst) {
+			continue
+		}
+		if err := flush(); err != nil {
+			return seg, 0, 0, err
+		}
+		if b.nibbles {
+			if err := s.plan1(b, simplify(layout.Lengths, layout.Src, layout.Dst), src, dst, &spans, &compactAt); err != nil {
+				return seg, 0, 0, err
 			}
 			continue
 		}
-		seg.Copies = append(seg.Copies, Copy{Pipeline: b.pipeline, Key: b.src.Key, Src: src, Dst: dst, Layout: layout, Nibbles: b.nibbles})
-		sp, err := s.spans(layout, src, srcElem)
-		if err != nil {
-			return seg, 0, err
-		}
-		if b.nibbles { // nibble ranges to the bytes that hold them
-			for i, r := range sp {
-				lo, hi := r[0]>>1, (r[0]+r[1]+1)>>1
-				sp[i] = [3]int64{lo, hi - lo, (r[2] + 1) / 2}
-			}
-		}
-		spans = append(spans, s.reads(b.src, sp)...)
+		g.start(b, layout, src, dst)
+	}
+	if err := flush(); err != nil {
+		return seg, 0, 0, err
+	}
+	if len(s.copies) > 0 {
+		seg.Copies = slices.Clone(s.copies)
+	}
+	if len(s.directs) > 0 {
+		seg.Direct = slices.Clone(s.directs)
 	}
 	if d := spec.deferred; d != nil {
 		plan := s.dequantSegment
@@ -189,7 +300,7 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 		}
 		n, sp, err := plan(d, off, lens, &seg)
 		if err != nil {
-			return seg, 0, err
+			return seg, 0, 0, err
 		}
 		needed += n
 		covered = total
@@ -198,22 +309,185 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 	if covered < total {
 		seg.Fill = spec.fill
 	}
-	seg.Spans = coalesce(spans, s.opts)
-	return seg, needed, nil
+	if spans = coalesce(spans, s.opts); len(spans) > 0 {
+		seg.Spans = slices.Clone(spans)
+	}
+	return seg, needed, work, nil
 }
 
-// reads turns a tensor's byte ranges (offset, length, needed) into reads, aligned to the cache's
-// chunks when the cache is on.
-func (s *segmenter) reads(t *checkpoint.Tensor, ranges [][3]int64) []Read {
-	out := make([]Read, len(ranges))
-	for i, r := range ranges {
-		off, end := r[0], r[0]+r[1]
-		if a := s.opts.Align; a > 0 {
-			off, end = off/a*a, min((end+a-1)/a*a, s.fileEnds[t.Key])
+// plan1 plans one copy (of a block, or of consecutive blocks fused): a direct read of each run
+// when it changes nothing and its runs are at least MaxGap long, else a copy from span buffers
+// and the spans it reads, added to spans (coalesced when they pass compactAt).
+func (s *segmenter) plan1(b *blockSpec, layout tensor.Strided, src, dst int64, spans *[]Read, compactAt *int) error {
+	srcElem := int64(b.src.DType.Size())
+	if b.nibbles {
+		srcElem = 1 // addresses count nibbles
+	}
+	if run, ok := directRun(layout, srcElem, b.pipeline.Identity()); ok && !b.nibbles && run >= s.opts.MaxGap {
+		runs, err := s.runs(layout.Lengths[:max(0, len(layout.Lengths)-1)], layout.Src, layout.Dst, src, dst, s.committed+s.direct)
+		if err != nil {
+			return err
 		}
-		out[i] = Read{Key: t.Key, Version: t.Version, Offset: off, Length: end - off, Needed: r[2]}
+		s.direct += int64(len(runs))
+		for _, r := range runs {
+			s.directs = append(s.directs, Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: run, Dst: r[1], Needed: run})
+		}
+		return nil
+	}
+	s.copies = append(s.copies, Copy{Pipeline: b.pipeline, Key: b.src.Key, Src: src, Dst: dst, Layout: layout, Nibbles: b.nibbles})
+	sp, err := s.spans(layout, src, srcElem)
+	if err != nil {
+		return err
+	}
+	if b.nibbles { // nibble ranges to the bytes that hold them
+		for i, r := range sp {
+			lo, hi := r[0]>>1, (r[0]+r[1]+1)>>1
+			sp[i] = [3]int64{lo, hi - lo, min(hi-lo, r[2])} // r[2] nibbles lie in at most r[2] bytes
+		}
+	}
+	*spans = s.reads(*spans, b.src, sp)
+	if len(*spans) > *compactAt {
+		*spans = coalesce(*spans, s.opts)
+		*compactAt = max(compactReads, 2*len(*spans))
+		if n := s.committed + s.direct + int64(len(*spans)); n > s.opts.MaxReads {
+			return s.tooMany("reads", n, s.opts.MaxReads)
+		}
+	}
+	return nil
+}
+
+// fusion is the run of consecutive copies being fused: the first one's block, offsets and
+// layout, how many there are, and the step from one to the next.
+type fusion struct {
+	b            *blockSpec
+	src, dst     int64
+	layout       tensor.Strided // in scratch of its own
+	buf          scratch
+	k, dS, dD    int64
+	lastS, lastD int64
+}
+
+func (g *fusion) start(b *blockSpec, layout tensor.Strided, src, dst int64) {
+	if len(g.buf.buf) < 3*len(layout.Lengths) {
+		g.buf = newScratch(len(layout.Lengths))
+	}
+	f := g.buf.reset()
+	f.Lengths, f.Src, f.Dst = append(f.Lengths, layout.Lengths...), append(f.Src, layout.Src...), append(f.Dst, layout.Dst...)
+	g.b, g.layout, g.src, g.dst, g.k, g.lastS, g.lastD = b, f, src, dst, 1, src, dst
+}
+
+// extends adds the copy to the run when it continues it: same source file and conversion, same
+// layout, and the next step of the run (the second copy sets the step; it must move forward in
+// the destination and not backward in the source).
+func (g *fusion) extends(b *blockSpec, layout tensor.Strided, src, dst int64) bool {
+	if b.pipeline != g.b.pipeline || b.src.Key != g.b.src.Key || b.nibbles || !slices.Equal(layout.Lengths, g.layout.Lengths) ||
+		!slices.Equal(layout.Src, g.layout.Src) || !slices.Equal(layout.Dst, g.layout.Dst) {
+		return false
+	}
+	dS, dD := src-g.lastS, dst-g.lastD
+	if g.k == 1 {
+		if dD <= 0 || dS < 0 {
+			return false
+		}
+		g.dS, g.dD = dS, dD
+	} else if dS != g.dS || dD != g.dD {
+		return false
+	}
+	g.k++
+	g.lastS, g.lastD = src, dst
+	return true
+}
+
+// scratch holds a Strided's three slices without allocating.
+type scratch struct{ buf []int64 }
+
+func newScratch(rank int) scratch { return scratch{make([]int64, 3*rank)} }
+
+func (s scratch) reset() tensor.Strided {
+	n := len(s.buf) / 3
+	return tensor.Strided{Lengths: s.buf[0:0:n], Src: s.buf[n : n : 2*n], Dst: s.buf[2*n : 2*n : 3*n]}
+}
+
+// simplify is simplify (below) into the scratch, valid until its next use.
+func (s scratch) simplify(lengths, src, dst []int64) tensor.Strided {
+	out := s.reset()
+	for i, x := range lengths {
+		if x == 1 {
+			continue
+		}
+		last := len(out.Lengths) - 1
+		if last >= 0 && out.Src[last] == src[i]*x && out.Dst[last] == dst[i]*x {
+			out.Lengths[last] *= x
+			out.Src[last], out.Dst[last] = src[i], dst[i]
+			continue
+		}
+		out.Lengths = append(out.Lengths, x)
+		out.Src = append(out.Src, src[i])
+		out.Dst = append(out.Dst, dst[i])
 	}
 	return out
+}
+
+// simplify is tensor.Strided.Simplify for a copy of these lengths and strides, in one allocation:
+// a plan may hold a million copies.
+func simplify(lengths, src, dst []int64) tensor.Strided {
+	n := 0
+	for _, x := range lengths {
+		if x != 1 {
+			n++
+		}
+	}
+	buf := make([]int64, 3*n)
+	out := tensor.Strided{Lengths: buf[0:0:n], Src: buf[n : n : 2*n], Dst: buf[2*n : 2*n : 3*n]}
+	for i, x := range lengths {
+		if x == 1 {
+			continue
+		}
+		last := len(out.Lengths) - 1
+		if last >= 0 && out.Src[last] == src[i]*x && out.Dst[last] == dst[i]*x {
+			out.Lengths[last] *= x
+			out.Src[last], out.Dst[last] = src[i], dst[i]
+			continue
+		}
+		out.Lengths = append(out.Lengths, x)
+		out.Src = append(out.Src, src[i])
+		out.Dst = append(out.Dst, dst[i])
+	}
+	if len(out.Lengths) == 0 {
+		return tensor.Strided{}
+	}
+	return out
+}
+
+// reads appends to out a tensor's byte ranges (offset, length, needed) as reads, aligned to the
+// cache's chunks when the cache is on and the aligned read stays within MaxOverread times what it
+// needs.
+func (s *segmenter) reads(out []Read, t *checkpoint.Tensor, ranges [][3]int64) []Read {
+	for _, r := range ranges {
+		off, end := r[0], r[0]+r[1]
+		if a := s.opts.Align; a > 0 {
+			ao, ae := off/a*a, min((end+a-1)/a*a, s.fileEnd(t.Key))
+			if limit, ok := mul(s.opts.MaxOverread, r[2]); !ok || ae-ao <= limit {
+				off, end = ao, max(ae, end)
+			}
+		}
+		out = append(out, Read{Key: t.Key, Version: t.Version, Offset: off, Length: end - off, Needed: r[2]})
+	}
+	return out
+}
+
+// fileEnd is where the last tensor of a file ends: aligned reads stop there.
+func (s *segmenter) fileEnd(key string) int64 {
+	if s.fileEnds == nil {
+		s.fileEnds = map[string]int64{}
+		for _, t := range s.ck.Tensors {
+			if s.c.tick(1) {
+				break // planning stops (newPlan returns the error whatever this answers)
+			}
+			s.fileEnds[t.Key] = max(s.fileEnds[t.Key], t.End)
+		}
+	}
+	return s.fileEnds[key]
 }
 
 // directRun reports whether a copy can be read straight into the output: bytes unchanged and the
@@ -232,14 +506,27 @@ func directRun(l tensor.Strided, elem int64, identity bool) (int64, bool) {
 	return l.Lengths[inner] * elem, true
 }
 
-// runs enumerates the (source, destination) offsets of every index of the given outer dimensions.
-func (s *segmenter) runs(lengths, src, dst []int64, srcAt, dstAt int64) ([][2]int64, error) {
-	count, _ := product(lengths)
-	if count > s.opts.MaxReads {
-		return nil, tooMany("reads", count, s.opts.MaxReads)
+// runs enumerates the (source, destination) offsets of every index of the given outer dimensions,
+// refusing before it allocates when they would take the plan past MaxReads reads (planned counts
+// the reads already planned). The result is scratch, valid until the next call.
+func (s *segmenter) runs(lengths, src, dst []int64, srcAt, dstAt, planned int64) ([][2]int64, error) {
+	count, ok := product(lengths)
+	if !ok || count > s.opts.MaxReads-planned {
+		if !ok {
+			count = math.MaxInt64
+		}
+		return nil, s.tooMany("reads", planned+min(count, math.MaxInt64-planned), s.opts.MaxReads)
 	}
-	out := make([][2]int64, 0, count)
-	idx := make([]int64, len(lengths))
+	if s.c.tick(int(count)) {
+		return nil, s.c.err
+	}
+	out := s.runsBuf[:0]
+	if cap(s.odometer) < len(lengths) {
+		s.odometer = make([]int64, len(lengths))
+	}
+	idx := s.odometer[:len(lengths)]
+	clear(idx)
+	defer func() { s.runsBuf = out[:0] }()
 	for {
 		out = append(out, [2]int64{srcAt, dstAt})
 		d := len(lengths) - 1
@@ -261,13 +548,20 @@ func (s *segmenter) runs(lengths, src, dst []int64, srcAt, dstAt int64) ([][2]in
 }
 
 // worthMerging is the cost model: reading a gap costs its bytes, another request costs MaxGap
-// bytes, and no merged read may exceed MaxOverread times what it needs.
+// bytes, and no merged read may exceed MaxOverread times what it needs, so no plan reads more than
+// MaxOverread times its needed bytes however often runs are merged.
 func worthMerging(opts Options, gap, extent, needed int64) bool {
-	return gap <= opts.MaxGap && (opts.MaxOverread == 0 || extent <= opts.MaxOverread*needed)
+	r := opts.MaxOverread
+	if r <= 0 {
+		r = DefaultMaxOverread
+	}
+	limit, ok := mul(r, needed)
+	return gap <= opts.MaxGap && (!ok || extent <= limit)
 }
 
 // spans returns the byte ranges (offset, length, needed) of the file a copy touches, merging
-// along dimensions, smallest source stride first, while the cost model says so.
+// along dimensions, smallest source stride first, while the cost model says so. The result is
+// scratch, valid until the next call.
 func (s *segmenter) spans(l tensor.Strided, src, elem int64) ([][3]int64, error) {
 	var dims []int
 	for d, st := range l.Src {
@@ -288,22 +582,23 @@ func (s *segmenter) spans(l tensor.Strided, src, elem int64) ([][3]int64, error)
 	outer := dims[m:]
 	lengths := make([]int64, len(outer))
 	strides := make([]int64, len(outer))
-	for i, d := range outer {
-		lengths[i], strides[i] = l.Lengths[d], l.Src[d]
+	for i, d := range outer { // largest stride outermost, so the runs come in file order as a rule
+		lengths[len(outer)-1-i], strides[len(outer)-1-i] = l.Lengths[d], l.Src[d]
 	}
-	starts, err := s.runs(lengths, strides, make([]int64, len(outer)), src, 0)
+	starts, err := s.runs(lengths, strides, make([]int64, len(outer)), src, 0, 0)
 	if err != nil {
 		return nil, err
 	}
-	out := make([][3]int64, len(starts))
-	for i, st := range starts {
-		out[i] = [3]int64{st[0], extent, min(extent, needed)}
+	out := s.spansBuf[:0]
+	for _, st := range starts {
+		out = append(out, [3]int64{st[0], extent, min(extent, needed)})
 	}
+	s.spansBuf = out[:0]
 	return out, nil
 }
 
 // coalesce sorts reads by file and offset and merges those that overlap, and those the cost model
-// says are cheaper read as one.
+// says are cheaper read as one. It works in place and returns the start of reads.
 func coalesce(reads []Read, opts Options) []Read {
 	if len(reads) == 0 {
 		return nil
@@ -317,7 +612,7 @@ func coalesce(reads []Read, opts Options) []Read {
 		}
 		return int(min(max(a.Offset-b.Offset, -1), 1))
 	})
-	out := []Read{reads[0]}
+	out := reads[:1]
 	for _, r := range reads[1:] {
 		last := &out[len(out)-1]
 		gap := r.Offset - (last.Offset + last.Length)

@@ -1,10 +1,14 @@
 package planner
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
-	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
@@ -83,20 +87,25 @@ func product(xs []int64) (int64, bool) {
 
 // tensorSpec is a validated destination tensor.
 type tensorSpec struct {
-	index    int
-	name     string
-	dtype    tensor.DType
-	shape    []int64
-	boxes    []api.Box
-	fill     []byte // the encoded fill element, nil without fill
-	blocks   []blockSpec
-	deferred *deferredSpec
+	index  int
+	name   string
+	dtype  tensor.DType
+	shape  []int64
+	boxes  []api.Box
+	fill   []byte // the encoded fill element, nil without fill
+	blocks []blockSpec
+	lookup *blockIndex // the blocks, for finding those a box meets
+	// pipelineBytes is about the memory of the blocks' own conversions (those with post ops; the
+	// others share one per dtype pair), which copies keep.
+	pipelineBytes int64
+	deferred      *deferredSpec
 }
 
 // blockSpec is a validated block with what planning needs of its source.
 type blockSpec struct {
 	index int
-	api.Block
+	// Block is the request's own (it outlives planning), not a copy.
+	*api.Block
 	src      *checkpoint.Tensor
 	pipeline *tensor.Pipeline
 	// srcStrides is the byte stride of one step along each destination dimension in the source
@@ -109,8 +118,10 @@ type blockSpec struct {
 }
 
 // validate checks a request against DESIGN §2 and the checkpoint, and returns what planning needs.
-func validate(req *api.ShardRequest, ck *checkpoint.Checkpoint) ([]tensorSpec, *ValidationError) {
+// The error is a *ValidationError, or the context's error when c stops planning.
+func validate(req *api.ShardRequest, ck *checkpoint.Checkpoint, c *checker) ([]tensorSpec, error) {
 	e := &errs{}
+	pipelines := map[[2]tensor.DType]*tensor.Pipeline{} // conversions without post ops, shared by blocks
 	if req.Format != nil && *req.Format != api.Raw && *req.Format != api.Safetensors {
 		e.schema("/format", "format must be \"raw\" or \"safetensors\", got %q", *req.Format)
 	}
@@ -126,8 +137,11 @@ func validate(req *api.ShardRequest, ck *checkpoint.Checkpoint) ([]tensorSpec, *
 			e.add(ptr+"/name", "tensor %q is already requested at /tensors/%d: names within a request are distinct", t.Name, prev)
 		}
 		names[t.Name] = i
-		if spec, ok := validateTensor(e, ptr, i, t, ck); ok {
+		if spec, ok := validateTensor(e, ptr, i, t, ck, c, pipelines); ok {
 			specs = append(specs, spec)
+		}
+		if c.err != nil {
+			return nil, c.err
 		}
 	}
 	if !e.ok() {
@@ -136,7 +150,8 @@ func validate(req *api.ShardRequest, ck *checkpoint.Checkpoint) ([]tensorSpec, *
 	return specs, nil
 }
 
-func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *checkpoint.Checkpoint) (tensorSpec, bool) {
+func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *checkpoint.Checkpoint, c *checker,
+	pipelines map[[2]tensor.DType]*tensor.Pipeline) (tensorSpec, bool) {
 	before := len(e.Errors)
 	spec := tensorSpec{index: index, name: t.Name, shape: t.Shape, boxes: t.Boxes}
 	if t.Name == "" {
@@ -160,7 +175,7 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 		return spec, false
 	}
 	if t.Fill != nil {
-		fill, err := tensor.EncodeFill(dtype, *t.Fill)
+		fill, err := encodeFill(dtype, t.Fill)
 		if err != nil {
 			e.add(ptr+"/fill", "%v", err)
 		}
@@ -170,15 +185,30 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 		e.schema(ptr+"/boxes", "a tensor needs at least one box")
 	}
 	for b, box := range t.Boxes {
-		checkBox(e, fmt.Sprintf("%s/boxes/%d", ptr, b), box.Offsets, box.Lengths, t.Shape)
+		if c.tick(1) {
+			return spec, false
+		}
+		checkBox(e, elemPtr{ptr, "boxes", b}, box.Offsets, box.Lengths, t.Shape)
 	}
 	var blocks []api.Block
 	if t.Blocks != nil {
 		blocks = *t.Blocks
 	}
+	spec.blocks = make([]blockSpec, 0, len(blocks))
+	rank := len(t.Shape)
+	strides := make([]int64, rank*len(blocks)) // every block's srcStrides, in one allocation
 	for j := range blocks {
-		if b, ok := validateBlock(e, fmt.Sprintf("%s/blocks/%d", ptr, j), j, &blocks[j], t.Shape, dtype, ck); ok {
+		if c.tick(1) {
+			return spec, false
+		}
+		b, ok := validateBlock(e, elemPtr{ptr, "blocks", j}, j, &blocks[j], t.Shape, dtype, ck, pipelines, strides[j*rank:(j+1)*rank:(j+1)*rank])
+		if ok {
 			spec.blocks = append(spec.blocks, b)
+		}
+	}
+	for _, b := range spec.blocks {
+		if b.Post != nil && len(*b.Post) > 0 {
+			spec.pipelineBytes += int64(unsafe.Sizeof(tensor.Pipeline{})) + 32*int64(len(*b.Post)+1)
 		}
 	}
 	if t.Deferred != nil {
@@ -187,10 +217,17 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 	if len(e.Errors) > before {
 		return spec, false
 	}
-	checkOverlaps(e, ptr, spec.blocks)
-	if spec.fill == nil && spec.deferred == nil {
+	if spec.deferred == nil {
+		if spec.lookup = newBlockIndex(spec.blocks, c); spec.lookup == nil {
+			return spec, false
+		}
+	}
+	checkOverlaps(e, ptr, spec.blocks, spec.lookup, c)
+	if spec.fill == nil && spec.deferred == nil && len(e.Errors) == before {
+		var hits []int32
 		for b, box := range t.Boxes {
-			if missing := uncovered(box, spec.blocks); missing > 0 {
+			var missing int64
+			if missing, hits = uncovered(box, spec.blocks, spec.lookup, hits[:0], c); missing > 0 {
 				e.add(fmt.Sprintf("%s/boxes/%d", ptr, b), "%d elements of the box are covered by no block and the tensor has no fill", missing)
 			}
 		}
@@ -198,12 +235,24 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 	return spec, len(e.Errors) == before
 }
 
+// elemPtr is the JSON pointer of a box or block, formatted only when an error needs it: a request
+// may carry a million of them.
+type elemPtr struct {
+	tensor string // the tensor's pointer
+	kind   string // "boxes" or "blocks"
+	i      int
+}
+
+func (p elemPtr) String() string { return p.tensor + "/" + p.kind + "/" + strconv.Itoa(p.i) }
+
+func (p elemPtr) at(suffix string) string { return p.String() + suffix }
+
 // checkBox checks that offsets and lengths have one entry per dimension, lengths are >= 1, and the
 // box lies inside shape.
-func checkBox(e *errs, ptr string, offsets, lengths, shape []int64) bool {
+func checkBox(e *errs, ptr elemPtr, offsets, lengths, shape []int64) bool {
 	before := len(e.Errors)
 	if len(offsets) != len(shape) || len(lengths) != len(shape) {
-		e.add(ptr, "offsets %v and lengths %v need one entry per dimension of shape %v", offsets, lengths, shape)
+		e.add(ptr.String(), "offsets %v and lengths %v need one entry per dimension of shape %v", offsets, lengths, shape)
 		return false
 	}
 	for d := range shape {
@@ -213,15 +262,18 @@ func checkBox(e *errs, ptr string, offsets, lengths, shape []int64) bool {
 		case lengths[d] < 1:
 			e.schema(fmt.Sprintf("%s/lengths/%d", ptr, d), "lengths are >= 1")
 		case offsets[d] > shape[d] || lengths[d] > shape[d]-offsets[d]:
-			e.add(ptr, "[%d, %d) along dimension %d is outside the shape %v", offsets[d], offsets[d]+lengths[d], d, shape)
+			e.add(ptr.String(), "[%d, %d) along dimension %d is outside the shape %v", offsets[d], offsets[d]+lengths[d], d, shape)
 		}
 	}
 	return len(e.Errors) == before
 }
 
-func validateBlock(e *errs, ptr string, index int, b *api.Block, shape []int64, dst tensor.DType, ck *checkpoint.Checkpoint) (blockSpec, bool) {
+// pipelines shares conversions without post ops between blocks; strides is the block's srcStrides,
+// zeros, from one allocation for the whole table.
+func validateBlock(e *errs, ptr elemPtr, index int, b *api.Block, shape []int64, dst tensor.DType, ck *checkpoint.Checkpoint,
+	pipelines map[[2]tensor.DType]*tensor.Pipeline, strides []int64) (blockSpec, bool) {
 	before := len(e.Errors)
-	spec := blockSpec{index: index, Block: *b}
+	spec := blockSpec{index: index, Block: b}
 	checkBox(e, ptr, b.Offsets, b.Lengths, shape)
 	var ops []tensor.Op
 	if b.Post != nil {
@@ -250,19 +302,19 @@ func validateBlock(e *errs, ptr string, index int, b *api.Block, shape []int64, 
 	}
 	src, ok := ck.Tensors[b.Source]
 	if !ok {
-		e.add(ptr+"/source", "checkpoint %q has no tensor %q", ck.Name, b.Source)
+		e.add(ptr.at("/source"), "checkpoint %q has no tensor %q", ck.Name, b.Source)
 		return spec, false
 	}
 	spec.src = src
 	if src.DType == 0 {
-		e.add(ptr+"/source", "checkpoint tensor %q has dtype %s, which this service cannot read", b.Source, src.DTypeName)
+		e.add(ptr.at("/source"), "checkpoint tensor %q has dtype %s, which this service cannot read", b.Source, src.DTypeName)
 	}
 	srank := len(src.Shape)
 	if len(b.Base) != srank {
-		e.add(ptr+"/base", "base needs one entry per dimension of %q, which has shape %v", b.Source, src.Shape)
+		e.add(ptr.at("/base"), "base needs one entry per dimension of %q, which has shape %v", b.Source, src.Shape)
 	}
 	if len(b.Coeff) != srank {
-		e.add(ptr+"/coeff", "coeff needs one row per dimension of %q, which has shape %v", b.Source, src.Shape)
+		e.add(ptr.at("/coeff"), "coeff needs one row per dimension of %q, which has shape %v", b.Source, src.Shape)
 	}
 	for s, row := range b.Coeff {
 		if len(row) != len(shape) {
@@ -295,7 +347,7 @@ func validateBlock(e *errs, ptr string, index int, b *api.Block, shape []int64, 
 			}
 		}
 		if !ok || last >= src.Shape[s] {
-			e.add(ptr, "the block reads past the end of checkpoint tensor %q: dimension %d has size %d, the block reaches index %s", b.Source, s, src.Shape[s], reach(ok, last))
+			e.add(ptr.String(), "the block reads past the end of checkpoint tensor %q: dimension %d has size %d, the block reaches index %s", b.Source, s, src.Shape[s], reach(ok, last))
 			return spec, false
 		}
 	}
@@ -305,20 +357,32 @@ func validateBlock(e *errs, ptr string, index int, b *api.Block, shape []int64, 
 		if spec.nibbles {
 			from = tensor.F32 // F4 is decoded to float32 first, as FP8 is
 		}
-		p, err := tensor.NewPipeline(from, ops, dst)
+		p, cached := pipelines[[2]tensor.DType{from, dst}]
+		var err error
+		if !cached || len(ops) > 0 {
+			p, err = tensor.NewPipeline(from, ops, dst)
+		}
+		if err == nil && !cached && len(ops) == 0 {
+			pipelines[[2]tensor.DType{from, dst}] = p
+		}
 		if err != nil {
 			pe := err.(*tensor.PipelineError)
 			if pe.Op >= 0 {
 				e.add(fmt.Sprintf("%s/post/%d", ptr, pe.Op), "%s", pe.Msg)
 			} else {
-				e.add(ptr, "%s (source %q to the tensor's dtype)", pe.Msg, b.Source)
+				e.add(ptr.String(), "%s (source %q to the tensor's dtype)", pe.Msg, b.Source)
 			}
 			return spec, false
 		}
 		spec.pipeline = p
 	}
 	// Byte strides in the source file, per destination dimension (nibbles for F4).
-	rowStride := make([]int64, srank)
+	var small [8]int64
+	rowStride := small[:0]
+	if srank > len(small) {
+		rowStride = make([]int64, srank)
+	}
+	rowStride = rowStride[:srank]
 	stride := int64(src.DType.Size())
 	spec.baseOffset = src.Begin
 	if spec.nibbles {
@@ -331,7 +395,7 @@ func validateBlock(e *errs, ptr string, index int, b *api.Block, shape []int64, 
 	for s := range srank {
 		spec.baseOffset += b.Base[s] * rowStride[s] // base is inside the tensor, so this fits
 	}
-	spec.srcStrides = make([]int64, len(shape))
+	spec.srcStrides = strides // zeros, len(shape) of them
 	for a := range shape {
 		if b.Lengths[a] == 1 {
 			continue
@@ -350,59 +414,118 @@ func reach(ok bool, last int64) string {
 	return fmt.Sprint(last)
 }
 
-// intersect returns the overlap of two boxes, or ok=false when they do not meet.
-func intersect(ao, al, bo, bl []int64) (off, length []int64, ok bool) {
-	off, length = make([]int64, len(ao)), make([]int64, len(ao))
-	for d := range ao {
-		lo, hi := max(ao[d], bo[d]), min(ao[d]+al[d], bo[d]+bl[d])
-		if lo >= hi {
-			return nil, nil, false
+// checkOverlaps reports the first block (in request order) that shares an element with an earlier
+// block of its tensor, naming the first such earlier block. The index says whether any two meet
+// (asking once per leaf); only then does each block in turn ask which blocks it meets. A table of
+// disjoint blocks costs about O(n log n), not O(n²).
+func checkOverlaps(e *errs, ptr string, blocks []blockSpec, idx *blockIndex, c *checker) {
+	if idx == nil || idx.line || !idx.anyOverlap(c) {
+		return // disjoint (a line index is by construction), or planning stops
+	}
+	var hits []int32
+	for i := range blocks {
+		hits = idx.query(blocks[i].Offsets, blocks[i].Lengths, hits[:0], c)
+		if c.err != nil {
+			return
 		}
-		off[d], length[d] = lo, hi-lo
-	}
-	return off, length, true
-}
-
-// checkOverlaps reports blocks of one tensor that share an element. Blocks are swept in order of
-// their start along dimension 0, so disjoint row ranges cost little.
-func checkOverlaps(e *errs, ptr string, blocks []blockSpec) {
-	if len(blocks) < 2 || len(blocks[0].Offsets) == 0 {
-		if len(blocks) >= 2 { // scalars: any two blocks overlap
-			e.add(fmt.Sprintf("%s/blocks/%d", ptr, blocks[1].index), "overlaps block %d", blocks[0].index)
-		}
-		return
-	}
-	order := make([]int, len(blocks))
-	for i := range order {
-		order[i] = i
-	}
-	sort.Slice(order, func(x, y int) bool { return blocks[order[x]].Offsets[0] < blocks[order[y]].Offsets[0] })
-	for x, i := range order {
-		bi := &blocks[i]
-		end := bi.Offsets[0] + bi.Lengths[0]
-		for _, j := range order[x+1:] {
-			bj := &blocks[j]
-			if bj.Offsets[0] >= end {
-				break
-			}
-			if _, _, hit := intersect(bi.Offsets, bi.Lengths, bj.Offsets, bj.Lengths); hit {
-				lo, hi := min(bi.index, bj.index), max(bi.index, bj.index)
-				e.add(fmt.Sprintf("%s/blocks/%d", ptr, hi), "overlaps block %d: blocks of one tensor must not share elements", lo)
-				return
-			}
+		if len(hits) > 0 && int(hits[0]) < i {
+			e.add(fmt.Sprintf("%s/blocks/%d", ptr, blocks[i].index), "overlaps block %d: blocks of one tensor must not share elements", blocks[hits[0]].index)
+			return
 		}
 	}
 }
 
 // uncovered counts the elements of a box no block covers; blocks do not overlap, so it is the
-// box's volume less the volumes of its overlaps.
-func uncovered(box api.Box, blocks []blockSpec) int64 {
+// box's volume less the volumes of its overlaps. hits is scratch for the index, returned grown.
+func uncovered(box api.Box, blocks []blockSpec, idx *blockIndex, hits []int32, c *checker) (int64, []int32) {
 	total, _ := product(box.Lengths)
-	for _, b := range blocks {
-		if _, l, ok := intersect(box.Offsets, box.Lengths, b.Offsets, b.Lengths); ok {
-			v, _ := product(l)
-			total -= v
+	hits = idx.query(box.Offsets, box.Lengths, hits, c)
+	for _, j := range hits {
+		b := &blocks[j]
+		v := int64(1)
+		for d := range box.Offsets {
+			v *= min(box.Offsets[d]+box.Lengths[d], b.Offsets[d]+b.Lengths[d]) - max(box.Offsets[d], b.Offsets[d])
+		}
+		total -= v
+	}
+	return total, hits
+}
+
+// fillLiterals holds the JSON literals of fills, by the address of the float64 a request's Fill
+// points to. api.TensorRequest.Fill is a float64 (openapi's `number`), which holds every integer up
+// to 2^53 but not every I64 or U64 (9007199254740993 would become ...992), and its type is shared
+// with Go clients and the layout builders. The server decodes each fill's literal beside the
+// request and lends it here while that request is planned.
+var fillLiterals sync.Map // *float64 → string
+
+// LendFillLiteral makes the planning of a request whose Fill is fill encode it from the JSON
+// number literal, exactly, for integer dtypes; release ends the loan.
+func LendFillLiteral(fill *float64, literal string) (release func()) {
+	fillLiterals.Store(fill, literal)
+	return func() { fillLiterals.Delete(fill) }
+}
+
+// encodeFill encodes a fill element: an integer dtype from the lent literal when there is one
+// (exact over the whole I64 and U64 range), anything else from the float64.
+func encodeFill(d tensor.DType, fill *float64) ([]byte, error) {
+	lit, ok := fillLiterals.Load(fill)
+	if !ok || d.IsFloat() || d.Size() == 0 || d.Size() > 8 {
+		return tensor.EncodeFill(d, *fill)
+	}
+	literal := lit.(string)
+	neg, mag, isInt, fits := parseInteger(literal)
+	bitsN := uint(8 * d.Size())
+	var limit uint64 // the largest magnitude the dtype holds, on the literal's side of zero
+	switch {
+	case d == tensor.BOOL:
+		limit = 1
+	case d == tensor.I8 || d == tensor.I16 || d == tensor.I32 || d == tensor.I64:
+		limit = 1<<(bitsN-1) - 1
+		if neg {
+			limit++
+		}
+	default: // unsigned
+		limit = math.MaxUint64 >> (64 - bitsN)
+		if neg {
+			limit = 0
 		}
 	}
-	return total
+	if !isInt || !fits || mag > limit {
+		return nil, fmt.Errorf("fill %s is not a value of %s", literal, d)
+	}
+	v := mag
+	if neg {
+		v = -mag // two's complement
+	}
+	out := binary.LittleEndian.AppendUint64(nil, v)
+	return out[:d.Size()], nil
+}
+
+// parseInteger reads a JSON number literal exactly: whether it is negative, its magnitude,
+// whether it is an integer (1e3 and 2.50e1 are; 0.5 is not) and whether the magnitude fits in 64
+// bits. It never builds a number from the exponent alone, so 1e999999999 costs nothing.
+func parseInteger(lit string) (neg bool, mag uint64, isInt, fits bool) {
+	s, neg := strings.CutPrefix(lit, "-")
+	mant, expStr, _ := strings.Cut(strings.ToLower(s), "e")
+	intPart, frac, _ := strings.Cut(mant, ".")
+	exp, _ := strconv.ParseInt(expStr, 10, 64) // clamped to ±MaxInt64 when out of range
+	if expStr == "" {
+		exp = 0
+	}
+	exp = max(min(exp, 1<<32), -(1<<32)) - int64(len(frac))
+	digits := strings.TrimLeft(intPart+frac, "0")
+	if digits == "" {
+		return neg, 0, true, true
+	}
+	trimmed := strings.TrimRight(digits, "0")
+	exp += int64(len(digits) - len(trimmed))
+	digits = trimmed
+	if exp < 0 {
+		return neg, 0, false, false
+	}
+	if int64(len(digits))+exp > 20 { // more than 20 digits is past 2^64
+		return neg, 0, true, false
+	}
+	mag, err := strconv.ParseUint(digits+strings.Repeat("0", int(exp)), 10, 64)
+	return neg, mag, true, err == nil
 }
