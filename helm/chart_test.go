@@ -130,8 +130,9 @@ func TestDefaults(t *testing.T) {
 	if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Error("probes")
 	}
-	if env(c, "SHARDSRV_STORE").Value != "s3://models" || env(c, "SHARDSRV_SHUTDOWN_GRACE").Value != "25s" || *pod.TerminationGracePeriodSeconds <= 25 {
-		t.Errorf("store and grace: %+v", c.Env)
+	if env(c, "SHARDSRV_STORE").Value != "s3://models" || env(c, "SHARDSRV_SHUTDOWN_GRACE").Value != "25s" || env(c, "SHARDSRV_DRAIN_DELAY").Value != "5s" ||
+		*pod.TerminationGracePeriodSeconds <= 5+25 || env(c, "SHARDSRV_BODY_TIMEOUT").Value != "30s" {
+		t.Errorf("store, drain delay, grace and body timeout: %+v", c.Env)
 	}
 	if c.Resources.Limits.Memory().IsZero() || len(pod.TopologySpreadConstraints) == 0 || pod.TopologySpreadConstraints[0].LabelSelector == nil {
 		t.Error("resources and topology spread")
@@ -176,6 +177,11 @@ func TestRefusesAShortTerminationGrace(t *testing.T) {
 	out, err := exec.Command(bin, "template", "rel", chart, "--set", "terminationGracePeriodSeconds=10").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "terminationGracePeriodSeconds must be longer") {
 		t.Errorf("a grace period shorter than the shutdown grace must be refused: %s", out)
+	}
+	// The pod's grace covers the drain delay and the shutdown grace together: 5 + 25 is not < 30.
+	out, err = exec.Command(bin, "template", "rel", chart, "--set", "terminationGracePeriodSeconds=30").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "drainDelaySeconds + shutdownGraceSeconds") {
+		t.Errorf("a grace period that does not cover drain delay + shutdown grace must be refused: %s", out)
 	}
 	out, err = exec.Command(bin, "template", "rel", chart, "--set", "store.url=gs://x").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "store") {

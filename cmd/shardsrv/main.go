@@ -110,6 +110,8 @@ type config struct {
 	limits       server.Limits
 	tokensFile   string
 	grace        time.Duration
+	drainDelay   time.Duration
+	idleTimeout  time.Duration
 	planner      planner.Options
 	logLevel     string
 }
@@ -143,8 +145,11 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.limits.MaxStreams, "max-streams", 64, "concurrent shard streams (503 with Retry-After above)")
 	fs.DurationVar(&c.limits.RequestTimeout, "request-timeout", 30*time.Minute, "longest a request may take, streaming included")
 	fs.DurationVar(&c.limits.WriteTimeout, "write-timeout", time.Minute, "longest one write to a client may take; a stalled client is cut off and its buffers freed")
+	fs.DurationVar(&c.limits.BodyTimeout, "body-timeout", 30*time.Second, "longest a client may take to send a request body (408 after it); a request takes its stream slot only once its body is in")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it changes; every route but /healthz, /readyz and /metrics then needs one (default: no auth)")
-	fs.DurationVar(&c.grace, "shutdown-grace", 25*time.Second, "on SIGTERM, how long in-flight streams may take to finish; /readyz answers 503 at once")
+	fs.DurationVar(&c.grace, "shutdown-grace", 25*time.Second, "after --drain-delay, how long in-flight streams may take to finish once the listener is closed")
+	fs.DurationVar(&c.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long /readyz answers 503 while new requests are still served, so load balancers stop sending first")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: shardsrv serve --store DIR|s3://BUCKET/PREFIX [flags]\n\n"+
 			"Runs the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n"+
@@ -197,6 +202,9 @@ func (c *config) validate() error {
 	}
 	if c.cacheBytes < 0 || c.cacheBytes >= c.memoryBytes || (c.cacheBytes > 0 && c.cacheBytes < c.cacheChunk) || c.cacheChunk <= 0 {
 		errs = append(errs, errors.New("--cache-bytes must be 0 or at least one --cache-chunk-bytes, and less than --memory-bytes"))
+	}
+	if c.limits.BodyTimeout <= 0 || c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 {
+		errs = append(errs, errors.New("--body-timeout, --idle-timeout and --shutdown-grace must be positive, --drain-delay at least 0"))
 	}
 	if c.maxBodyBytes <= 0 || c.window <= 0 || c.planner.MaxOverread < 0 || c.planner.SegmentBytes <= 0 || c.planner.SegmentReadBytes <= 0 || c.planner.MaxRead <= 0 || c.planner.MaxReads <= 0 || c.planner.MaxGap < 0 {
 		errs = append(errs, errors.New("sizes and counts must be positive (--max-gap may be 0)"))
@@ -253,7 +261,7 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	var tokens *server.Tokens
 	if c.tokensFile != "" {
-		if tokens, err = server.LoadTokens(c.tokensFile); err != nil {
+		if tokens, err = server.LoadTokens(c.tokensFile, server.TokensOptions{Logger: log}); err != nil {
 			return err
 		}
 	}
@@ -274,7 +282,10 @@ func serve(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// Headers get 10 s, a body --body-timeout (a read deadline per request); idle keep-alive
+	// connections are closed after --idle-timeout.
+	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: c.idleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
@@ -285,14 +296,13 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	case <-ctx.Done():
 	}
-	// Readiness fails at once; new connections are refused; streams get the grace period.
-	srv.Drain()
-	log.Info("shutting down", "grace", c.grace.String())
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), c.grace)
-	defer cancel()
-	if err := httpSrv.Shutdown(shutdownCtx); err != nil {
-		log.Warn("streams still running at the end of the grace period were cut off", "err", err)
-		httpSrv.Close()
+	// Readiness fails at once while the listener still accepts, for --drain-delay; then the
+	// listener closes and streams get the grace period. A second signal ends the drain delay.
+	second, cancelSecond := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancelSecond()
+	stop()
+	if err := srv.Shutdown(second, httpSrv, c.drainDelay, c.grace); err != nil {
+		log.Warn("shutdown", "err", err)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"sync"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sync/errgroup"
@@ -51,20 +52,43 @@ type Tensor struct {
 	Version string
 }
 
-// Checkpoint is a resolved checkpoint.
+// Checkpoint is a resolved checkpoint. A resolution is immutable: a checkpoint that changes is
+// resolved again into a new Checkpoint, so what is derived from one (Memo) is per version.
 type Checkpoint struct {
 	Name    string
 	Tensors map[string]*Tensor
+
+	namesOnce sync.Once
+	names     []string
+	memo      sync.Map // key → *memoEntry
 }
 
-// Names returns the tensor names, sorted.
+type memoEntry struct {
+	once sync.Once
+	v    any
+}
+
+// Names returns the tensor names, sorted; the slice is shared and must not be modified.
 func (c *Checkpoint) Names() []string {
-	names := make([]string, 0, len(c.Tensors))
-	for n := range c.Tensors {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
+	c.namesOnce.Do(func() {
+		names := make([]string, 0, len(c.Tensors))
+		for n := range c.Tensors {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		c.names = names
+	})
+	return c.names
+}
+
+// Memo returns the value build makes for key, building it once for this resolution: what is
+// derived from a checkpoint (such as the JSON of its tensor listing) is cached for as long as this
+// version of it is the one the catalog serves, and dropped with it.
+func (c *Checkpoint) Memo(key any, build func() any) any {
+	e, _ := c.memo.LoadOrStore(key, &memoEntry{})
+	m := e.(*memoEntry)
+	m.once.Do(func() { m.v = build() })
+	return m.v
 }
 
 // Catalog resolves checkpoints over a store.

@@ -95,6 +95,7 @@ func (e *Executor) release(w int64) {
 // Stream is one plan being produced. Next returns the body in order; Close must be called.
 type Stream struct {
 	e       *Executor
+	ctx     context.Context // the stream's: done when the request's is, or at Close
 	cancel  context.CancelFunc
 	header  []byte
 	results []chan result // one per segment, each written exactly once
@@ -134,7 +135,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan) (*Stream, error)
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &Stream{e: e, cancel: cancel, header: p.Header, results: make([]chan result, len(segs)), slots: make(chan struct{}, e.window)}
+	s := &Stream{e: e, ctx: ctx, cancel: cancel, header: p.Header, results: make([]chan result, len(segs)), slots: make(chan struct{}, e.window)}
 	for i := range s.results {
 		s.results[i] = make(chan result, 1)
 	}
@@ -180,7 +181,14 @@ func (s *Stream) Next() ([]byte, error) {
 	if s.next == len(s.results) {
 		return nil, nil
 	}
-	r := <-s.results[s.next]
+	// A read that never returns (a hung mount) must not hold the caller past its context: the
+	// result is then drained by Close whenever it comes.
+	var r result
+	select {
+	case r = <-s.results[s.next]:
+	case <-s.ctx.Done():
+		return nil, s.ctx.Err()
+	}
 	s.next++
 	if r.err != nil {
 		s.e.free(r)
@@ -207,9 +215,13 @@ func (s *Stream) Prime() error {
 	if len(s.results) == 0 {
 		return nil
 	}
-	r := <-s.results[0]
-	s.results[0] <- r
-	return r.err
+	select {
+	case r := <-s.results[0]:
+		s.results[0] <- r
+		return r.err
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
 }
 
 func (s *Stream) recycle() {

@@ -14,6 +14,8 @@ import (
 	"math/bits"
 	"sort"
 	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
@@ -85,6 +87,11 @@ func Parse(file string, header []byte, fileSize int64) (*Header, error) {
 		return &Error{File: file, Tensor: name, Msg: fmt.Sprintf(format, args...)}
 	}
 	h := &Header{DataStart: PrefixLen + int64(len(header))}
+	// The reference reader takes the header as a Rust str, and serde_json refuses lone surrogates;
+	// encoding/json would turn both into U+FFFD, so two names could become one.
+	if at, msg := invalidText(header); at >= 0 {
+		return nil, fail("", "header is not valid UTF-8 JSON: %s at byte %d", msg, at)
+	}
 	dec := json.NewDecoder(bytes.NewReader(header))
 	dec.UseNumber()
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -181,6 +188,66 @@ func parseEntry(dec *json.Decoder, name string) (Tensor, error) {
 	}
 	t.Begin, t.End = offs[0], offs[1]
 	return t, nil
+}
+
+// invalidText finds the first byte sequence that is not UTF-8, or a \u escape in a string that is
+// an unpaired UTF-16 surrogate, and returns its offset (-1 when there is none). It does not
+// otherwise check the JSON, and it runs in one pass.
+func invalidText(b []byte) (int, string) {
+	if utf8.Valid(b) {
+		if !bytes.Contains(b, []byte(`\u`)) {
+			return -1, ""
+		}
+	} else {
+		for i := 0; i < len(b); {
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n <= 1 {
+				return i, "an invalid UTF-8 sequence"
+			}
+			i += n
+		}
+	}
+	inString := false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			inString = !inString
+		case c == '\\' && inString && i+1 < len(b):
+			if b[i+1] != 'u' {
+				i++ // a two-character escape
+				continue
+			}
+			r, ok := hex4(b, i+2)
+			if !ok {
+				i++
+				continue // malformed: the JSON parser reports it
+			}
+			switch {
+			case utf16.IsSurrogate(r) && r < 0xDC00: // high: a low one must follow
+				low, ok := rune(0), false
+				if i+7 < len(b) && b[i+6] == '\\' && b[i+7] == 'u' {
+					low, ok = hex4(b, i+8)
+				}
+				if !ok || low < 0xDC00 || low > 0xDFFF {
+					return i, "an unpaired UTF-16 surrogate escape"
+				}
+				i += 11
+			case utf16.IsSurrogate(r):
+				return i, "an unpaired UTF-16 surrogate escape"
+			default:
+				i += 5
+			}
+		}
+	}
+	return -1, ""
+}
+
+func hex4(b []byte, at int) (rune, bool) {
+	if at+4 > len(b) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b[at:at+4]), 16, 16)
+	return rune(v), err == nil
 }
 
 // intList reads a JSON list of non-negative integers that fit in an int64.

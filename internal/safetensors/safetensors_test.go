@@ -154,3 +154,32 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// Names that are not UTF-8, or escape a lone surrogate, make the file malformed: decoded, both
+// would become U+FFFD, so two tensors could take one name. Proper escapes are fine.
+func TestRejectsNamesThatAreNotUTF8(t *testing.T) {
+	entry := `:{"dtype":"U8","shape":[1],"data_offsets":[0,1]}`
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"\"w\xff\"", false},
+		{"\"w\xc3\"", false},
+		{`"w\ud800"`, false},
+		{`"w\udc00"`, false},
+		{`"w\ud800\u0041"`, false},
+		{`"w\ud83d\ude00"`, true},
+		{`"w\u00e9"`, true},
+		{`"wé"`, true},
+		{`"w\\ud800"`, true}, // an escaped backslash, then text
+	} {
+		h, err := parseFile(file("{"+c.name+entry+"}", 1))
+		var e *Error
+		if c.ok != (err == nil) || (err != nil && (!errors.As(err, &e) || !strings.Contains(err.Error(), "UTF-8") || e.File != "f.safetensors")) {
+			t.Errorf("name %s: %v, want ok=%v", c.name, err, c.ok)
+		}
+		if c.ok && (h == nil || len(h.Tensors) != 1 || strings.ContainsRune(h.Tensors[0].Name, '\uFFFD')) {
+			t.Errorf("name %s: %+v", c.name, h)
+		}
+	}
+}

@@ -3,68 +3,138 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
 // Tokens are the bearer tokens a client may present, read from a file (one per line, '#' starts
-// a comment) and read again when the file changes, so tokens rotate without a restart.
+// a comment) and read again every Reload, so tokens rotate without a restart.
+//
+// Revocation fails closed: a file that becomes empty, holds only comments, cannot be read, is
+// deleted, or is replaced by a directory or anything else that is not a regular file leaves no
+// token valid, and every re-read that finds it so logs an error. Changes are found by the content's
+// hash, never by size or modification time, so a same-size rewrite with the old mtime is seen.
 type Tokens struct {
-	path    string
+	path   string
+	reload time.Duration
+	log    *slog.Logger
+
 	mu      sync.Mutex
 	tokens  [][]byte
-	modTime time.Time
-	size    int64
+	hash    [sha256.Size]byte
 	checked time.Time
 }
 
-// LoadTokens reads a tokens file; it must hold at least one token.
-func LoadTokens(path string) (*Tokens, error) {
-	t := &Tokens{path: path}
-	if err := t.reload(); err != nil {
+// TokensOptions tune LoadTokens.
+type TokensOptions struct {
+	// Reload is how often the file is read again: the longest a revoked token may still work.
+	// Default 1 s.
+	Reload time.Duration
+	// Logger receives an error for each re-read that revoked every token, and a line when the
+	// tokens change. Default: nothing is logged.
+	Logger *slog.Logger
+}
+
+// maxTokensFile bounds the tokens file read.
+const maxTokensFile = 1 << 20
+
+// LoadTokens reads a tokens file; at start it must hold at least one token.
+func LoadTokens(path string, opts ...TokensOptions) (*Tokens, error) {
+	t := &Tokens{path: path, reload: time.Second, log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		if o.Reload > 0 {
+			t.reload = o.Reload
+		}
+		if o.Logger != nil {
+			t.log = o.Logger
+		}
+	}
+	data, err := readTokensFile(path)
+	if err != nil {
 		return nil, err
 	}
+	tokens := parseTokens(data)
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("auth tokens file %s holds no token", path)
+	}
+	t.tokens, t.hash, t.checked = tokens, sha256.Sum256(data), time.Now()
 	return t, nil
 }
 
-func (t *Tokens) reload() error {
-	fi, err := os.Stat(t.path)
+// readTokensFile reads the file without ever blocking on it (a FIFO in its place would) and only
+// when it is a regular file.
+func readTokensFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
-		return fmt.Errorf("auth tokens file: %w", err)
+		return nil, fmt.Errorf("auth tokens file: %w", err)
 	}
-	if fi.ModTime().Equal(t.modTime) && fi.Size() == t.size {
-		return nil
-	}
-	data, err := os.ReadFile(t.path)
+	defer f.Close()
+	fi, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("auth tokens file: %w", err)
+		return nil, fmt.Errorf("auth tokens file: %w", err)
 	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("auth tokens file %s is not a regular file (%s)", path, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxTokensFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("auth tokens file: %w", err)
+	}
+	if len(data) > maxTokensFile {
+		return nil, fmt.Errorf("auth tokens file %s is over %d bytes", path, maxTokensFile)
+	}
+	return data, nil
+}
+
+func parseTokens(data []byte) [][]byte {
 	var tokens [][]byte
 	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, maxTokensFile+1)
 	for sc.Scan() {
 		line, _, _ := strings.Cut(sc.Text(), "#")
 		if line = strings.TrimSpace(line); line != "" {
 			tokens = append(tokens, []byte(line))
 		}
 	}
-	if len(tokens) == 0 {
-		return fmt.Errorf("auth tokens file %s holds no token", t.path)
-	}
-	t.tokens, t.modTime, t.size = tokens, fi.ModTime(), fi.Size()
-	return nil
+	return tokens
 }
 
-// Valid reports whether token is one of the tokens, comparing in constant time. The file is
-// looked at again at most once a second; a file that became unreadable keeps the last tokens.
+// refresh reads the file again; t.mu is held. Any failure revokes every token.
+func (t *Tokens) refresh() {
+	data, err := readTokensFile(t.path)
+	if err == nil {
+		h := sha256.Sum256(data)
+		if h == t.hash && len(t.tokens) > 0 {
+			return
+		}
+		t.hash = h
+		if tokens := parseTokens(data); len(tokens) > 0 {
+			t.tokens = tokens
+			t.log.Info("auth tokens file changed: tokens reloaded", "tokens", len(tokens))
+			return
+		}
+		err = errors.New("auth tokens file " + t.path + " holds no token")
+	}
+	t.tokens, t.hash = nil, [sha256.Size]byte{}
+	t.log.Error("every bearer token is revoked until the tokens file holds one again", "err", err)
+}
+
+// Valid reports whether token is one of the tokens, comparing in constant time. The file is read
+// again at most once per Reload.
 func (t *Tokens) Valid(token string) bool {
 	t.mu.Lock()
-	if time.Since(t.checked) > time.Second {
+	if time.Since(t.checked) >= t.reload {
 		t.checked = time.Now()
-		t.reload()
+		t.refresh()
 	}
 	tokens := t.tokens
 	t.mu.Unlock()
@@ -72,5 +142,16 @@ func (t *Tokens) Valid(token string) bool {
 	for _, want := range tokens {
 		ok |= subtle.ConstantTimeCompare([]byte(token), want)
 	}
-	return ok == 1
+	return ok == 1 && token != ""
+}
+
+// bearerToken reads an Authorization header: the scheme is matched regardless of case (RFC 9110
+// §11.1), then one or more spaces and the token.
+func bearerToken(header string) (string, bool) {
+	scheme, rest, ok := strings.Cut(strings.TrimLeft(header, " "), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token := strings.Trim(rest, " \t")
+	return token, token != ""
 }

@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"net/http"
-	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -40,6 +43,38 @@ func (r *recorder) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection.
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// requestID takes the client's X-Request-Id when it is 1 to 128 visible ASCII characters, and
+// otherwise gives the request a fresh one, so what is logged and echoed is bounded and printable.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(middleware.RequestIDHeader)
+		if !validRequestID(id) {
+			id = fmt.Sprintf("%s-%06d", idPrefix, idCounter.Add(1))
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), middleware.RequestIDKey, id)))
+	})
+}
+
+const maxRequestID = 128
+
+func validRequestID(id string) bool {
+	if id == "" || len(id) > maxRequestID {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// Fresh ids are a per-process random prefix and a counter: unique, cheap, and sortable in a log.
+var (
+	idPrefix  = func() string { b := make([]byte, 6); rand.Read(b); return hex.EncodeToString(b) }()
+	idCounter atomic.Uint64
+)
 
 // accessLog writes one line per request and echoes the request id.
 func (s *Server) accessLog(next http.Handler) http.Handler {
@@ -84,8 +119,8 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || !s.cfg.Tokens.Valid(strings.TrimSpace(token)) {
+		token, ok := bearerToken(r.Header.Get("Authorization"))
+		if !ok || !s.cfg.Tokens.Valid(token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="shardsrv"`)
 			writeProblem(w, r, &Problem{Status: http.StatusUnauthorized, Slug: "unauthorized", Title: "A valid bearer token is required",
 				Detail: "send 'Authorization: Bearer <token>' with a token this server accepts"})

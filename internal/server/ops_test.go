@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -232,6 +233,12 @@ func TestSpansAndMetrics(t *testing.T) {
 	gather.Tensors[0].Dtype = api.F32
 	if res, _ := e.post(t, "/v1/shards", gather); res.StatusCode != 200 {
 		t.Fatalf("status %d", res.StatusCode)
+	}
+	// The request's span and metrics end after the last byte reaches the client: wait for them.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if slices.ContainsFunc(spans.Ended(), func(s sdktrace.ReadOnlySpan) bool { return s.Name() == "POST /v1/shards" }) {
+			break
+		}
 	}
 	names := map[string]int{}
 	for _, s := range spans.Ended() {

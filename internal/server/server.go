@@ -3,20 +3,30 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"mime"
+	"net"
 	"net/http"
+	"os"
 	"reflect"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -55,11 +65,17 @@ type Config struct {
 type Limits struct {
 	MaxTensors int // tensors per request (413 above)
 	MaxBlocks  int // blocks per request, all tensors together (413 above)
-	MaxStreams int // concurrent shard streams (503 with Retry-After above)
+	// MaxStreams caps the requests that plan at once: shard streams and /v1/plan together (503
+	// with Retry-After above). A request takes its slot only once its body is read and checked, so
+	// a client that is slow to send holds none.
+	MaxStreams int
 	// RequestTimeout bounds a whole request; WriteTimeout one write to the client, so a stalled
 	// client lets go of its buffers.
 	RequestTimeout time.Duration
 	WriteTimeout   time.Duration
+	// BodyTimeout bounds reading a request's body, from the end of its headers (408 after it; the
+	// connection is then closed). Default 30 s.
+	BodyTimeout time.Duration
 }
 
 // Server implements api.ServerInterface.
@@ -96,6 +112,9 @@ func New(cfg Config) *Server {
 			*v = 24 * time.Hour
 		}
 	}
+	if l.BodyTimeout <= 0 {
+		l.BodyTimeout = 30 * time.Second
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, tracer: cfg.Tracer.Tracer("shardsrv/server"), streams: make(chan struct{}, l.MaxStreams)}
 	s.metrics = newMetrics(cfg.Meter, s)
 	return s
@@ -104,11 +123,45 @@ func New(cfg Config) *Server {
 // Drain makes /readyz answer 503, so load balancers stop sending requests before shutdown.
 func (s *Server) Drain() { s.draining.Store(true) }
 
+// Shutdown stops hs, which serves this server's handler, the way Kubernetes expects: /readyz
+// answers 503 at once while the listener still accepts for drainDelay (the time endpoints and
+// load balancers take to stop sending here; ctx ending cuts it short), then the listener closes,
+// idle connections are closed, and requests in flight get grace to finish. Those still running
+// after it are cut off, and Shutdown says so.
+func (s *Server) Shutdown(ctx context.Context, hs *http.Server, drainDelay, grace time.Duration) error {
+	s.Drain()
+	s.log.Info("draining: /readyz answers 503, new requests are still served", "drain_delay", drainDelay.String())
+	select {
+	case <-time.After(drainDelay):
+	case <-ctx.Done():
+	}
+	s.log.Info("shutting down: the listener is closed, requests in flight finish", "grace", grace.String())
+	graceCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
+	defer cancel()
+	if err := hs.Shutdown(graceCtx); err != nil {
+		hs.Close()
+		return fmt.Errorf("requests still running at the end of the grace period were cut off: %w", err)
+	}
+	return nil
+}
+
+// admit takes a planning slot (a shard stream or a /v1/plan), or answers 503.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request) (release func(), ok bool) {
+	select {
+	case s.streams <- struct{}{}:
+		return func() { <-s.streams }, true
+	default:
+		writeProblem(w, r, &Problem{Status: http.StatusServiceUnavailable, Slug: "busy", Title: "The server is busy",
+			Detail: fmt.Sprintf("%d shard streams and plans are running, the most this server takes; retry shortly", s.cfg.Limits.MaxStreams), RetryAfter: 1})
+		return nil, false
+	}
+}
+
 // Handler returns the HTTP handler with every route of openapi.yaml.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(otelhttp.NewMiddleware("shardsrv", otelhttp.WithTracerProvider(s.cfg.Tracer), otelhttp.WithMeterProvider(s.cfg.Meter)),
-		middleware.RequestID, s.accessLog, s.authenticate)
+	r.Use(s.bodyDeadline, otelhttp.NewMiddleware("shardsrv", otelhttp.WithTracerProvider(s.cfg.Tracer), otelhttp.WithMeterProvider(s.cfg.Meter)),
+		requestID, s.accessLog, s.authenticate)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, &Problem{Status: http.StatusNotFound, Slug: "no-route", Title: "No such endpoint", Detail: r.Method + " " + r.URL.Path + " is not an endpoint of this service; see openapi.yaml"})
 	})
@@ -123,14 +176,39 @@ func (s *Server) Handler() http.Handler {
 	})
 }
 
-// decodeJSON reads a request body strictly: unknown fields, trailing data and wrong types are 400s.
+// bodyDeadline gives every request that carries a body BodyTimeout to send it: the connection's
+// read deadline, which readBody lifts once the whole body is in. A handler that never reads the
+// body (a 401, a 415) leaves it set, so the server's attempt to drain the rest times out too and
+// the connection is closed.
+func (s *Server) bodyDeadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.Limits.BodyTimeout))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// decodeJSON reads a request body strictly: unknown fields, duplicate keys, trailing data and
+// wrong types are 400s.
 func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	_, p := s.decodeBody(w, r, v)
+	return p
+}
+
+func malformed(detail string, fields ...api.FieldError) *Problem {
+	return &Problem{Status: http.StatusBadRequest, Slug: "malformed-request", Title: "The request is not valid JSON for this endpoint", Detail: detail, Errors: fields}
+}
+
+// decodeBody reads and decodes a body, and returns the literal of each /tensors/<i>/fill by i.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) (map[int]string, *Problem) {
+	body, p := s.readBody(w, r)
+	if p != nil {
+		return nil, p
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err == nil {
-		err = dec.Decode(v)
-	}
+	err := dec.Decode(v)
 	if err == nil && dec.More() {
 		err = errors.New("the body holds more than one JSON value")
 	}
@@ -139,43 +217,364 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Prob
 			err = errors.New("the body holds data after the JSON object")
 		}
 	}
-	var tooBig *http.MaxBytesError
 	var typeErr *json.UnmarshalTypeError
 	var syntax *json.SyntaxError
-	bad := func(detail string, fields ...api.FieldError) *Problem {
-		return &Problem{Status: http.StatusBadRequest, Slug: "malformed-request", Title: "The request is not valid JSON for this endpoint", Detail: detail, Errors: fields}
-	}
 	switch {
 	case err == nil:
-		return nil
-	case errors.As(err, &tooBig):
-		return &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "body-too-large", Title: "Request body too large",
-			Detail: fmt.Sprintf("the body is over %d bytes; split the request", tooBig.Limit)}
+		sc := jsonScan{b: body, fills: map[int]string{}}
+		sc.value()
+		if sc.dup != "" {
+			return nil, malformed(sc.dup+": the key appears twice in its object (keys match regardless of case)",
+				api.FieldError{Pointer: sc.dup, Detail: "duplicate key"})
+		}
+		return sc.fills, nil
 	case errors.As(err, &syntax):
-		return bad(fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
+		return nil, malformed(fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
 	case errors.Is(err, io.EOF):
-		return bad("the body is empty; send a JSON request")
+		return nil, malformed("the body is empty; send a JSON request")
 	}
 	if ptr, detail, ok := schemaError(body, reflect.TypeOf(v)); ok {
-		return bad(ptr+": "+detail, api.FieldError{Pointer: ptr, Detail: detail})
+		return nil, malformed(ptr+": "+detail, api.FieldError{Pointer: ptr, Detail: detail})
 	}
 	if errors.As(err, &typeErr) {
-		return bad("a value has the wrong JSON type", api.FieldError{Pointer: "/" + strings.ReplaceAll(typeErr.Field, ".", "/"), Detail: "wrong JSON type"})
+		if strings.HasPrefix(typeErr.Value, "number") { // a number no float64 holds, such as 1e999
+			sc := jsonScan{b: body, fills: map[int]string{}, findHuge: true}
+			if sc.value(); sc.huge != "" {
+				return nil, malformed(sc.huge+": the number is beyond the range of a float64", api.FieldError{Pointer: sc.huge, Detail: "number out of range"})
+			}
+		}
+		return nil, malformed("a value has the wrong JSON type", api.FieldError{Pointer: "/" + strings.ReplaceAll(typeErr.Field, ".", "/"), Detail: "wrong JSON type"})
 	}
-	return bad(err.Error())
+	return nil, malformed(err.Error())
+}
+
+// readBody reads a JSON body: Content-Type application/json (or a +json type, in UTF-8), no
+// content coding or gzip, at most MaxBodyBytes after decoding, within BodyTimeout.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Problem) {
+	if p := checkContentType(r.Header.Get("Content-Type")); p != nil {
+		return nil, p
+	}
+	gzipped, p := contentCoding(r.Header.Values("Content-Encoding"))
+	if p != nil {
+		w.Header().Set("Accept-Encoding", "gzip")
+		return nil, p
+	}
+	limit := s.cfg.MaxBodyBytes
+	var rd io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	var err error
+	var body []byte
+	if gzipped {
+		var zr *gzip.Reader
+		if zr, err = gzip.NewReader(rd); err == nil {
+			// The limit holds for the decoded body too: a small gzip bomb is still 413.
+			body, err = io.ReadAll(io.LimitReader(zr, limit+1))
+			if err == nil && int64(len(body)) > limit {
+				err = &http.MaxBytesError{Limit: limit}
+			}
+			if err == nil {
+				_, err = io.Copy(io.Discard, rd) // the gzip trailer and anything after it
+			}
+		}
+	} else {
+		body, err = io.ReadAll(rd)
+	}
+	var tooBig *http.MaxBytesError
+	var netErr net.Error
+	switch {
+	case err == nil:
+		// The whole body is in: lift the read deadline, for the next request on the connection.
+		http.NewResponseController(w).SetReadDeadline(time.Time{})
+		return body, nil
+	case errors.As(err, &tooBig):
+		what := "body"
+		if gzipped {
+			what = "decoded body"
+		}
+		return nil, &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "body-too-large", Title: "Request body too large",
+			Detail: fmt.Sprintf("the %s is over %d bytes; split the request", what, tooBig.Limit)}
+	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
+		return nil, &Problem{Status: http.StatusRequestTimeout, Slug: "body-timeout", Title: "The request body did not arrive in time",
+			Detail: fmt.Sprintf("the body was not received within %s; send it at once", s.cfg.Limits.BodyTimeout)}
+	case gzipped && (errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.Is(err, io.ErrUnexpectedEOF) || isFlateError(err)):
+		return nil, malformed("the gzip body is corrupt or truncated: " + err.Error())
+	}
+	return nil, malformed("the body could not be read: " + err.Error())
+}
+
+func isFlateError(err error) bool {
+	var ce flate.CorruptInputError
+	return errors.As(err, &ce)
+}
+
+// checkContentType accepts application/json and application/*+json, in UTF-8 (the only charset
+// JSON has, RFC 8259), and a body that declares no type: these endpoints take nothing but JSON, and
+// RFC 9110 lets a recipient examine an undeclared body. Any other declared type is 415 — curl -d
+// without -H declares application/x-www-form-urlencoded, and the problem says what to send.
+func checkContentType(ct string) *Problem {
+	unsupported := func(detail string) *Problem {
+		return &Problem{Status: http.StatusUnsupportedMediaType, Slug: "unsupported-media-type", Title: "The body must be JSON", Detail: detail}
+	}
+	if ct == "" {
+		return nil
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return unsupported(fmt.Sprintf("Content-Type %q does not parse; send 'Content-Type: application/json'", truncate(ct, 100)))
+	}
+	if mt != "application/json" && !(strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
+		return unsupported(fmt.Sprintf("Content-Type %q is not JSON; send 'Content-Type: application/json' (curl: -H 'Content-Type: application/json')", truncate(mt, 100)))
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return unsupported(fmt.Sprintf("charset %q: JSON bodies are UTF-8", truncate(cs, 100)))
+	}
+	return nil
+}
+
+// contentCoding reads Content-Encoding: none (or identity) or gzip; anything else is 415.
+func contentCoding(values []string) (gzipped bool, p *Problem) {
+	var codings []string
+	for _, v := range values {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				codings = append(codings, c)
+			}
+		}
+	}
+	switch {
+	case len(codings) == 0:
+		return false, nil
+	case len(codings) == 1 && (codings[0] == "gzip" || codings[0] == "x-gzip"):
+		return true, nil
+	}
+	return false, &Problem{Status: http.StatusUnsupportedMediaType, Slug: "unsupported-content-encoding", Title: "Unsupported Content-Encoding",
+		Detail: fmt.Sprintf("Content-Encoding %q: this server decodes gzip, or takes the body as it is", truncate(strings.Join(codings, ", "), 100))}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// jsonScan walks a JSON text that encoding/json has accepted, once, without building values: it
+// finds the first object that holds a key twice (comparing keys as encoding/json matches them to
+// fields, regardless of case, so {"fill":1,"FILL":2} is a duplicate too) and notes the literal of
+// each number at /tensors/<i>/fill. Its cost is linear in the body: objects with many keys are
+// checked through a map.
+type jsonScan struct {
+	b     []byte
+	i     int
+	path  []pathSeg
+	fills map[int]string
+	dup   string // the JSON pointer of the first duplicate key
+	// findHuge looks for the first number beyond float64's range instead, and puts its pointer in huge.
+	findHuge bool
+	huge     string
+}
+
+type pathSeg struct {
+	key   []byte // for an object member: the key, unescaped
+	index int    // for an array element
+	isKey bool
+}
+
+func (s *jsonScan) ws() {
+	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+		s.i++
+	}
+}
+
+func (s *jsonScan) peek() byte {
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+// value scans one value; it returns false to stop (a duplicate found, or the text ended).
+func (s *jsonScan) value() bool {
+	s.ws()
+	switch s.peek() {
+	case 0:
+		return false
+	case '{':
+		return s.object()
+	case '[':
+		return s.array()
+	case '"':
+		s.str()
+		return true
+	}
+	start := s.i
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		if c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			break
+		}
+		s.i++
+	}
+	if s.findHuge && start < s.i && (s.b[start] == '-' || s.b[start] >= '0' && s.b[start] <= '9') {
+		if _, err := strconv.ParseFloat(string(s.b[start:s.i]), 64); err != nil {
+			s.huge = s.pointer()
+			return false
+		}
+	}
+	if len(s.path) == 3 && s.path[0].isKey && bytes.EqualFold(s.path[0].key, []byte("tensors")) && !s.path[1].isKey &&
+		s.path[2].isKey && bytes.EqualFold(s.path[2].key, []byte("fill")) {
+		s.fills[s.path[1].index] = string(s.b[start:s.i])
+	}
+	return true
+}
+
+// str skips a string and returns its raw contents.
+func (s *jsonScan) str() []byte {
+	s.i++ // the opening quote
+	start := s.i
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '"':
+			s.i++
+			return s.b[start : s.i-1]
+		case '\\':
+			s.i++
+		}
+		s.i++
+	}
+	return s.b[start:min(s.i, len(s.b))]
+}
+
+func (s *jsonScan) object() bool {
+	s.i++ // {
+	depth := len(s.path)
+	s.path = append(s.path, pathSeg{isKey: true})
+	var keys [16][]byte
+	small := keys[:0]        // the keys so far, while there are few
+	var many map[string]bool // their folded forms, once there are many
+	for {
+		s.ws()
+		switch s.peek() {
+		case '}':
+			s.i++
+			s.path = s.path[:depth]
+			return true
+		case ',':
+			s.i++
+			s.ws()
+		case 0:
+			return false
+		}
+		if s.peek() != '"' {
+			return false
+		}
+		key := s.str()
+		if bytes.IndexByte(key, '\\') >= 0 {
+			var k string
+			json.Unmarshal(s.b[s.i-len(key)-2:s.i], &k)
+			key = []byte(k)
+		}
+		dup := false
+		if many == nil {
+			for _, k := range small {
+				dup = dup || bytes.EqualFold(k, key)
+			}
+			if len(small) < len(keys) {
+				small = append(small, key)
+			} else {
+				many = make(map[string]bool, 4*len(keys))
+				for _, k := range small {
+					many[foldKey(k)] = true
+				}
+				many[foldKey(key)] = true
+			}
+		} else {
+			f := foldKey(key)
+			dup = many[f]
+			many[f] = true
+		}
+		s.path[depth] = pathSeg{key: key, isKey: true}
+		if dup {
+			s.dup = s.pointer()
+			return false
+		}
+		s.ws()
+		if s.peek() != ':' {
+			return false
+		}
+		s.i++
+		if !s.value() {
+			return false
+		}
+	}
+}
+
+func (s *jsonScan) array() bool {
+	s.i++ // [
+	depth := len(s.path)
+	s.path = append(s.path, pathSeg{})
+	for n := 0; ; n++ {
+		s.ws()
+		switch s.peek() {
+		case ']':
+			s.i++
+			s.path = s.path[:depth]
+			return true
+		case ',':
+			s.i++
+		case 0:
+			return false
+		}
+		s.path[depth] = pathSeg{index: n}
+		if !s.value() {
+			return false
+		}
+	}
+}
+
+func (s *jsonScan) pointer() string {
+	var b strings.Builder
+	for _, seg := range s.path {
+		b.WriteByte('/')
+		if seg.isKey {
+			b.WriteString(escape(string(seg.key)))
+		} else {
+			b.WriteString(strconv.Itoa(seg.index))
+		}
+	}
+	return b.String()
+}
+
+// foldKey maps a key to one spelling of its case-insensitive class: each rune becomes the least
+// rune of its simple case folding orbit, so foldKey(a) == foldKey(b) exactly when
+// strings.EqualFold(a, b).
+func foldKey(k []byte) string {
+	var b strings.Builder
+	for _, r := range string(k) {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
+}
+
+// shardRequest is a decoded shard request and the JSON literal of each tensor's fill, by index.
+type shardRequest struct {
+	*api.ShardRequest
+	fills map[int]string
 }
 
 // decode reads a shard request and checks what needs no checkpoint: a name, and the size limits.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*api.ShardRequest, *Problem) {
+func (s *Server) decode(w http.ResponseWriter, r *http.Request) (shardRequest, *Problem) {
 	var req api.ShardRequest
-	if p := s.decodeJSON(w, r, &req); p != nil {
-		return nil, p
+	fills, p := s.decodeBody(w, r, &req)
+	if p != nil {
+		return shardRequest{}, p
 	}
-	bad := func(detail string, fields ...api.FieldError) *Problem {
-		return &Problem{Status: http.StatusBadRequest, Slug: "malformed-request", Title: "The request is not valid JSON for this endpoint", Detail: detail, Errors: fields}
-	}
+	bad := malformed
 	if req.Checkpoint == "" {
-		return nil, bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"})
+		return shardRequest{}, bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"})
 	}
 	blocks := 0
 	for _, t := range req.Tensors {
@@ -184,20 +583,17 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*api.ShardReque
 		}
 	}
 	if len(req.Tensors) > s.cfg.Limits.MaxTensors || blocks > s.cfg.Limits.MaxBlocks {
-		return nil, &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "request-too-large", Title: "Too many tensors or blocks",
+		return shardRequest{}, &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "request-too-large", Title: "Too many tensors or blocks",
 			Detail: fmt.Sprintf("the request has %d tensors and %d blocks; this server takes at most %d and %d: split the request",
 				len(req.Tensors), blocks, s.cfg.Limits.MaxTensors, s.cfg.Limits.MaxBlocks),
 			Errors: []api.FieldError{{Pointer: "/tensors", Detail: "split the request"}}}
 	}
-	return &req, nil
+	return shardRequest{&req, fills}, nil
 }
 
-// plan decodes, resolves and plans a request.
-func (s *Server) plan(w http.ResponseWriter, r *http.Request) (*planner.Plan, *Problem) {
-	req, p := s.decode(w, r)
-	if p != nil {
-		return nil, p
-	}
+// plan resolves and plans a decoded request.
+func (s *Server) plan(r *http.Request, sr shardRequest) (*planner.Plan, *Problem) {
+	req := sr.ShardRequest
 	ctx, span := s.tracer.Start(r.Context(), "catalog.open", trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)))
 	ck, err := s.cfg.Catalog.Open(ctx, req.Checkpoint)
 	span.End()
@@ -206,6 +602,12 @@ func (s *Server) plan(w http.ResponseWriter, r *http.Request) (*planner.Plan, *P
 	}
 	if err != nil {
 		return nil, toProblem(err)
+	}
+	// Integer fills are encoded from their JSON literals, exactly (a float64 is not exact past 2^53).
+	for i := range req.Tensors {
+		if lit, ok := sr.fills[i]; ok && req.Tensors[i].Fill != nil {
+			defer planner.LendFillLiteral(req.Tensors[i].Fill, lit)()
+		}
 	}
 	start := time.Now()
 	_, span = s.tracer.Start(r.Context(), "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
@@ -221,18 +623,20 @@ func (s *Server) plan(w http.ResponseWriter, r *http.Request) (*planner.Plan, *P
 // PostShards streams a shard. The response is committed only once the first segment has been
 // read; after that a failure aborts the connection so the client sees a short body.
 func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
-	select {
-	case s.streams <- struct{}{}:
-		defer func() { <-s.streams }()
-	default:
-		writeProblem(w, r, &Problem{Status: http.StatusServiceUnavailable, Slug: "busy", Title: "The server is busy",
-			Detail: fmt.Sprintf("%d shard streams are running, the most this server takes; retry shortly", s.cfg.Limits.MaxStreams), RetryAfter: 1})
-		return
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
 	r = r.WithContext(ctx)
-	plan, p := s.plan(w, r)
+	req, p := s.decode(w, r)
+	if p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	release, ok := s.admit(w, r) // only now: a client slow to send its body holds no slot
+	if !ok {
+		return
+	}
+	defer release()
+	plan, p := s.plan(r, req)
 	if p != nil {
 		writeProblem(w, r, p)
 		return
@@ -283,11 +687,23 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// PostPlan answers the plan without reading tensor data.
+// PostPlan answers the plan without reading tensor data. Planning costs what it costs for a
+// stream, so it takes a slot like one.
 func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
-	plan, p := s.plan(w, r.WithContext(ctx))
+	r = r.WithContext(ctx)
+	req, p := s.decode(w, r)
+	if p != nil {
+		writeProblem(w, r, p)
+		return
+	}
+	release, ok := s.admit(w, r)
+	if !ok {
+		return
+	}
+	defer release()
+	plan, p := s.plan(r, req)
 	if p != nil {
 		writeProblem(w, r, p)
 		return
@@ -345,19 +761,103 @@ func (s *Server) ListCheckpoints(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, api.CheckpointList{Checkpoints: names})
 }
 
-// ListTensors lists a checkpoint's tensors.
+// Pages of /v1/tensors: the default holds any real checkpoint's tensors in a few pages and about
+// 1 MB of JSON; the largest about 10 MB.
+const (
+	defaultTensorPage = 10_000
+	maxTensorPage     = 100_000
+	listingChunkLen   = 1024 // entries encoded at once, on first use
+)
+
+// tensorListing is the JSON of a checkpoint's TensorInfo entries in name order, encoded a chunk at a
+// time on first use and kept with the resolution (one per checkpoint version).
+type tensorListing struct {
+	names  []string
+	chunks []listingChunk
+}
+
+type listingChunk struct {
+	once sync.Once
+	json []byte
+	ends []int // entry j of the chunk is json[ends[j-1]:ends[j]]
+}
+
+type listingKey struct{}
+
+func (l *tensorListing) entry(ck *checkpoint.Checkpoint, i int) []byte {
+	c := &l.chunks[i/listingChunkLen]
+	c.once.Do(func() {
+		lo := i / listingChunkLen * listingChunkLen
+		for _, name := range l.names[lo:min(lo+listingChunkLen, len(l.names))] {
+			t := ck.Tensors[name]
+			b, _ := json.Marshal(api.TensorInfo{Name: name, Dtype: t.DTypeName, Shape: t.Shape, File: strings.TrimPrefix(t.Key, ck.Name+"/")})
+			c.json = append(c.json, b...)
+			c.ends = append(c.ends, len(c.json))
+		}
+	})
+	j := i % listingChunkLen
+	from := 0
+	if j > 0 {
+		from = c.ends[j-1]
+	}
+	return c.json[from:c.ends[j]]
+}
+
+// ListTensors lists a page of a checkpoint's tensors.
 func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.ListTensorsParams) {
+	limit := defaultTensorPage
+	if params.Limit != nil {
+		if limit = *params.Limit; limit < 1 || limit > maxTensorPage {
+			writeProblem(w, r, &Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter",
+				Detail: fmt.Sprintf("limit %d: a page holds 1 to %d tensors", limit, maxTensorPage)})
+			return
+		}
+	}
+	var after string
+	if params.PageToken != nil && *params.PageToken != "" {
+		b, err := base64.RawURLEncoding.DecodeString(*params.PageToken)
+		if err != nil {
+			writeProblem(w, r, &Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter",
+				Detail: "page_token is not a token this server gave: pass next_page_token as it came"})
+			return
+		}
+		after = string(b)
+	}
 	ck, err := s.cfg.Catalog.Open(r.Context(), params.Checkpoint)
 	if err != nil {
 		writeProblem(w, r, toProblem(err))
 		return
 	}
-	out := api.TensorList{Checkpoint: ck.Name, Tensors: []api.TensorInfo{}}
-	for _, name := range ck.Names() {
-		t := ck.Tensors[name]
-		out.Tensors = append(out.Tensors, api.TensorInfo{Name: name, Dtype: t.DTypeName, Shape: t.Shape, File: strings.TrimPrefix(t.Key, ck.Name+"/")})
+	l := ck.Memo(listingKey{}, func() any {
+		names := ck.Names()
+		return &tensorListing{names: names, chunks: make([]listingChunk, (len(names)+listingChunkLen-1)/listingChunkLen)}
+	}).(*tensorListing)
+	start := 0
+	if params.PageToken != nil && *params.PageToken != "" {
+		start = sort.SearchStrings(l.names, after)
+		if start < len(l.names) && l.names[start] == after {
+			start++
+		}
 	}
-	writeJSON(w, out)
+	end := min(start+limit, len(l.names))
+	name, _ := json.Marshal(ck.Name)
+	w.Header().Set("Content-Type", "application/json")
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.WriteString(`{"checkpoint":`)
+	bw.Write(name)
+	bw.WriteString(`,"tensors":[`)
+	for i := start; i < end; i++ {
+		if i > start {
+			bw.WriteByte(',')
+		}
+		bw.Write(l.entry(ck, i))
+	}
+	bw.WriteByte(']')
+	if end < len(l.names) {
+		bw.WriteString(`,"next_page_token":"` + base64.RawURLEncoding.EncodeToString([]byte(l.names[end-1])) + `"`)
+	}
+	bw.WriteString("}\n")
+	bw.Flush()
 }
 
 // Metrics serves the Prometheus scrape endpoint.

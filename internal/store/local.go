@@ -14,7 +14,41 @@ import (
 )
 
 // Local is a store over a directory. It opens files through os.Root, so neither "..", an absolute
-// path nor a symlink can reach outside the directory.
+// path nor a symlink can reach outside the directory; a path that would is "not found".
+//
+// # One version per read
+//
+// A file's version is its size, modification time, status-change time (ctime) and inode number,
+// all from fstat on the open handle. ReadAt checks the version before it reads and again after, on
+// the same handle, and fails with ErrChanged when the two differ or differ from the version the
+// caller expects. Every read of one response carries the version the catalog saw, so a response
+// holds bytes of one version of each file or fails (409 before the first byte, an aborted stream
+// after it).
+//
+// Timestamps alone leave a hole: Linux updates them when a write starts, so a write that began
+// before the first fstat and is still copying during the read changes neither fstat — a large
+// single write(2), or a writer preempted mid-copy. On Linux ReadAt therefore also takes a read
+// lease (fcntl F_SETLEASE) on the handle for the read. The kernel grants it only while no process
+// has the file open for writing, and while it is held an open for writing or a truncate waits until
+// the handle is closed (milliseconds: the read). So when the lease is granted no write can touch
+// the bytes read; when it is refused because a writer has the file open, the read fails with
+// ErrChanged (409: "open for writing"), whether or not that writer is writing at the moment.
+//
+// Detected always: a rewrite in place (same size, same mtime, even one that restores the mtime
+// with utimes, since that sets ctime), a truncation or extension, a file replaced by rename (a new
+// inode: how uploads and huggingface-cli replace files), a file replaced by a FIFO, a directory or
+// anything else that is not a regular file (refused at open, which never blocks: O_NONBLOCK), a
+// chmod or chown during the read (ctime; a false alarm, answered with a retry).
+//
+// Detected only with the lease: a write already under way when the read starts, and one through a
+// writable mmap made before it. The lease is granted only to the file's owner (or with
+// CAP_LEASE), on local file systems, with fs.leases-enable on; elsewhere the version checks are all
+// there is, and those writes can go unseen. Never detected: a change on a network or FUSE file
+// system that this host's fstat does not see yet (NFS caches attributes for up to acregmin
+// seconds without noac), and, on file systems with coarse timestamps (Linux before 6.13, or one
+// without multigrain timestamps), a write in the same clock tick (1-10 ms) as the change the first
+// fstat saw, when there is no lease. A write that starts after the second fstat does not touch
+// the bytes this read returned; the next read of the response sees the new version and fails.
 type Local struct {
 	dir  string
 	root *os.Root
@@ -29,6 +63,8 @@ func NewLocal(dir string) (*Local, error) {
 	return &Local{dir: dir, root: root}, nil
 }
 
+// String names the store and its directory, for the operator's logs. Errors say only "local
+// store": they reach clients in problems, which never carry local paths.
 func (l *Local) String() string { return "local store " + l.dir }
 
 // Close releases the directory.
@@ -36,21 +72,34 @@ func (l *Local) Close() error { return l.root.Close() }
 
 func version(fi fs.FileInfo) string {
 	v := strconv.FormatInt(fi.Size(), 16) + "-" + strconv.FormatInt(fi.ModTime().UnixNano(), 16)
+	if ct, ok := ctime(fi); ok {
+		v += "-" + strconv.FormatInt(ct, 16)
+	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		v += "-" + strconv.FormatUint(st.Ino, 16)
 	}
 	return v
 }
 
+const what = "local store"
+
 func (l *Local) mapErr(key string, err error) error {
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%s: %q: %w", l, key, ErrNotFound)
-	}
 	var pe *fs.PathError
-	if errors.As(err, &pe) && pe.Err != nil && pe.Err.Error() == "path escapes from parent" {
-		return fmt.Errorf("%s: %q: %w: escapes the store root", l, key, ErrInvalidKey)
+	if errors.As(err, &pe) && pe.Err != nil {
+		if pe.Err.Error() == "path escapes from parent" {
+			return fmt.Errorf("%s: %q: %w (a symlink out of the store is not followed)", what, key, ErrNotFound)
+		}
+		err = pe.Err // the op and path of a PathError add nothing for a client, and may name local paths
 	}
-	return fmt.Errorf("%s: %q: %w", l, key, err)
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("%s: %q: %w", what, key, ErrNotFound)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("%s: %q: %w", what, key, ErrPermissionDenied)
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		return fmt.Errorf("%w %q: the name is too long for the file system", ErrInvalidKey, key)
+	}
+	return fmt.Errorf("%s: %q: %w", what, key, err)
 }
 
 // Stat implements Store.
@@ -63,12 +112,16 @@ func (l *Local) Stat(ctx context.Context, key string) (Info, error) {
 		return Info{}, l.mapErr(key, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return Info{}, fmt.Errorf("%s: %q: %w: not a regular file", l, key, ErrNotFound)
+		return Info{}, fmt.Errorf("%s: %q: %w: not a regular file", what, key, ErrNotFound)
 	}
 	return Info{Size: fi.Size(), Version: version(fi)}, nil
 }
 
-// ReadAt implements Store.
+// testHookAfterRead, when set, runs between a read and the fstat that confirms it.
+var testHookAfterRead func(key string)
+
+// ReadAt implements Store. It opens the file without blocking, refuses anything but a regular
+// file, and confirms the version on the open handle before and after the read.
 func (l *Local) ReadAt(ctx context.Context, key, ver string, p []byte, off int64) error {
 	if err := ValidateKey(key); err != nil {
 		return err
@@ -76,26 +129,48 @@ func (l *Local) ReadAt(ctx context.Context, key, ver string, p []byte, off int64
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	f, err := l.root.Open(key)
+	// O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. It
+	// changes nothing for a regular file, which is all this store reads.
+	f, err := l.root.OpenFile(key, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return l.mapErr(key, err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
+	before, err := f.Stat()
 	if err != nil {
 		return l.mapErr(key, err)
 	}
-	if ver != "" && version(fi) != ver {
-		return fmt.Errorf("%s: %q: %w", l, key, ErrChanged)
+	if !before.Mode().IsRegular() {
+		if ver != "" { // it was a regular file when its version was taken
+			return fmt.Errorf("%s: %q: %w: it is no longer a regular file", what, key, ErrChanged)
+		}
+		return fmt.Errorf("%s: %q: %w: not a regular file", what, key, ErrNotFound)
 	}
-	if off < 0 || off+int64(len(p)) > fi.Size() {
-		return fmt.Errorf("%s: %q: %w: [%d, %d) of %d bytes", l, key, ErrOutOfRange, off, off+int64(len(p)), fi.Size())
+	v := version(before)
+	if ver != "" && v != ver {
+		return fmt.Errorf("%s: %q: %w", what, key, ErrChanged)
+	}
+	if readLease(f) == leaseWriterOpen {
+		return fmt.Errorf("%s: %q: %w: another process has it open for writing", what, key, ErrChanged)
+	}
+	if off < 0 || off+int64(len(p)) > before.Size() {
+		return fmt.Errorf("%s: %q: %w: [%d, %d) of %d bytes", what, key, ErrOutOfRange, off, off+int64(len(p)), before.Size())
 	}
 	if _, err := f.ReadAt(p, off); err != nil {
-		if err == io.EOF { // truncated between Stat and the read
-			return fmt.Errorf("%s: %q: %w", l, key, ErrChanged)
+		if err == io.EOF { // truncated between fstat and the read
+			return fmt.Errorf("%s: %q: %w", what, key, ErrChanged)
 		}
 		return l.mapErr(key, err)
+	}
+	if testHookAfterRead != nil {
+		testHookAfterRead(key)
+	}
+	after, err := f.Stat()
+	if err != nil {
+		return l.mapErr(key, err)
+	}
+	if version(after) != v {
+		return fmt.Errorf("%s: %q: %w: it was written to during the read", what, key, ErrChanged)
 	}
 	return nil
 }
@@ -132,7 +207,7 @@ func (l *Local) List(ctx context.Context, prefix string) ([]string, error) {
 // Check implements Store.
 func (l *Local) Check(ctx context.Context) error {
 	if _, err := l.root.Stat("."); err != nil {
-		return fmt.Errorf("%s: %w", l, err)
+		return l.mapErr(".", err)
 	}
 	return nil
 }

@@ -28,7 +28,8 @@ type Store interface {
 // Info describes a file.
 type Info struct {
 	Size int64
-	// Version changes whenever the file's content may have: an ETag, or size and mtime locally.
+	// Version changes whenever the file's content may have: an ETag, or size, mtime, ctime and
+	// inode locally (see Local).
 	Version string
 }
 
@@ -45,15 +46,28 @@ var (
 	ErrPermissionDenied = errors.New("access denied")
 )
 
+// The longest key and key segment: S3's key limit, and NAME_MAX of Linux file systems.
+const (
+	MaxKeyBytes     = 1024
+	MaxSegmentBytes = 255
+)
+
 // ValidateKey accepts relative paths of non-empty segments of [A-Za-z0-9._-] other than "." and
-// "..": nothing a client sends can name a file outside the store root.
+// "..", at most MaxSegmentBytes a segment and MaxKeyBytes in all: nothing a client sends can name
+// a file outside the store root, or a name a store cannot hold.
 func ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidKey)
 	}
+	if len(key) > MaxKeyBytes {
+		return fmt.Errorf("%w: %d bytes, more than the %d a key may have", ErrInvalidKey, len(key), MaxKeyBytes)
+	}
 	for _, seg := range strings.Split(key, "/") {
 		if seg == "" || seg == "." || seg == ".." {
 			return fmt.Errorf("%w %q: segments must be non-empty names, not '.' or '..'", ErrInvalidKey, key)
+		}
+		if len(seg) > MaxSegmentBytes {
+			return fmt.Errorf("%w: a segment of %d bytes, more than the %d a segment may have", ErrInvalidKey, len(seg), MaxSegmentBytes)
 		}
 		for _, c := range seg {
 			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {

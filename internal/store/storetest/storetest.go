@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -85,7 +86,9 @@ func Run(t *testing.T, h Harness) {
 
 	t.Run("InvalidKeys", func(t *testing.T) {
 		s, _, _ := newStore(t)
-		for _, key := range []string{"", "/etc/passwd", "../x", "ckpt/../../x", "ckpt//model.safetensors", "ckpt/./model.safetensors", "ckpt/a b", `ckpt\x`} {
+		long := strings.Repeat("a", store.MaxSegmentBytes+1)
+		deep := strings.Repeat("d/", store.MaxKeyBytes/2) + "x"
+		for _, key := range []string{"", "/etc/passwd", "../x", "ckpt/../../x", "ckpt//model.safetensors", "ckpt/./model.safetensors", "ckpt/a b", `ckpt\x`, "ckpt/" + long, deep} {
 			if _, err := s.Stat(ctx, key); !errors.Is(err, store.ErrInvalidKey) {
 				t.Errorf("Stat(%q): %v, want ErrInvalidKey", key, err)
 			}
