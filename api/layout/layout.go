@@ -11,6 +11,7 @@
 package layout
 
 import (
+	"encoding/json"
 	"fmt"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -126,7 +127,7 @@ func VocabParallel(s Shapes, src, dst string, dtype api.DType, tp Rank) (api.Ten
 		return api.TensorRequest{}, err
 	}
 	per := padded / tp.Size
-	zero := 0.0
+	zero := json.Number("0")
 	t := tensor(dst, dtype, []int64{padded, sh[1]}, []api.Block{rowBlock(src, 0, 0, sh[0], sh[1])},
 		api.Box{Offsets: []int64{tp.Index * per, 0}, Lengths: []int64{per, sh[1]}})
 	t.Fill = &zero

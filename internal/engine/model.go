@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"fmt"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -145,7 +146,7 @@ func (m *model) vocabRows(name, src string, padded int64) error {
 		p.place(src, []int64{0, 0}, []int64{start, 0}, []int64{real, hidden})
 	}
 	if start+per > vocab {
-		zero := 0.0
+		zero := json.Number("0")
 		p.t.Fill = &zero
 	}
 	return nil

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -284,13 +286,14 @@ func propertyCase(t *testing.T, seed uint64) {
 	for d := range shape {
 		shape[d] = 1 + r.Int64N(6)
 	}
-	var fill *float64
+	var fill *json.Number
 	if r.Float64() < 0.3 {
 		f := float64(r.IntN(2))
 		if dst.IsFloat() {
 			f = r.NormFloat64() * 10
 		}
-		fill = &f
+		n := json.Number(strconv.FormatFloat(f, 'g', -1, 64))
+		fill = &n
 	}
 	blocks := guillotine(r, box{make([]int64, rank), slices.Clone(shape)}, 4)
 	var srcs []*srcTensor
@@ -433,7 +436,7 @@ func propertyCase(t *testing.T, seed uint64) {
 	}
 	var fillBytes []byte
 	if fill != nil {
-		fillBytes, _ = tensor.EncodeFill(dst, *fill)
+		fillBytes, _ = tensor.EncodeFill(dst, fill.String())
 	}
 	// The expected bytes of each box, element by element.
 	expect := func(b api.Box) []byte {

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -724,9 +725,9 @@ func TestRandomAffineTablesKeepTheirValues(t *testing.T) {
 				}
 			}
 		}
-		var fill *float64
+		var fill *json.Number
 		if r.IntN(3) == 0 {
-			f := float64(r.IntN(5))
+			f := json.Number(strconv.Itoa(r.IntN(5)))
 			fill = &f
 		}
 		var blocks []api.Block

@@ -144,7 +144,7 @@ func manyBlocksSeed() string {
 			}
 		}
 	}
-	fill, format := -1.0, api.Safetensors
+	fill, format := json.Number("-1"), api.Safetensors
 	body, _ := json.Marshal(api.ShardRequest{Checkpoint: "ck", Format: &format, Tensors: []api.TensorRequest{
 		{Name: "c", Dtype: api.F32, Shape: []int64{2, 32}, Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{2, 32}}, {Offsets: []int64{1, 5}, Lengths: []int64{1, 20}}}, Blocks: &cols},
 		{Name: "g", Dtype: api.BF16, Shape: []int64{8, 8}, Fill: &fill, Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{8, 8}}, {Offsets: []int64{3, 1}, Lengths: []int64{4, 6}}}, Blocks: &grid},

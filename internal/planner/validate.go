@@ -1,13 +1,10 @@
 package planner
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
 	"strconv"
-	"strings"
-	"sync"
 	"unsafe"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -175,7 +172,7 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 		return spec, false
 	}
 	if t.Fill != nil {
-		fill, err := encodeFill(dtype, t.Fill)
+		fill, err := tensor.EncodeFill(dtype, t.Fill.String())
 		if err != nil {
 			e.add(ptr+"/fill", "%v", err)
 		}
@@ -449,83 +446,4 @@ func uncovered(box api.Box, blocks []blockSpec, idx *blockIndex, hits []int32, c
 		total -= v
 	}
 	return total, hits
-}
-
-// fillLiterals holds the JSON literals of fills, by the address of the float64 a request's Fill
-// points to. api.TensorRequest.Fill is a float64 (openapi's `number`), which holds every integer up
-// to 2^53 but not every I64 or U64 (9007199254740993 would become ...992), and its type is shared
-// with Go clients and the layout builders. The server decodes each fill's literal beside the
-// request and lends it here while that request is planned.
-var fillLiterals sync.Map // *float64 → string
-
-// LendFillLiteral makes the planning of a request whose Fill is fill encode it from the JSON
-// number literal, exactly, for integer dtypes; release ends the loan.
-func LendFillLiteral(fill *float64, literal string) (release func()) {
-	fillLiterals.Store(fill, literal)
-	return func() { fillLiterals.Delete(fill) }
-}
-
-// encodeFill encodes a fill element: an integer dtype from the lent literal when there is one
-// (exact over the whole I64 and U64 range), anything else from the float64.
-func encodeFill(d tensor.DType, fill *float64) ([]byte, error) {
-	lit, ok := fillLiterals.Load(fill)
-	if !ok || d.IsFloat() || d.Size() == 0 || d.Size() > 8 {
-		return tensor.EncodeFill(d, *fill)
-	}
-	literal := lit.(string)
-	neg, mag, isInt, fits := parseInteger(literal)
-	bitsN := uint(8 * d.Size())
-	var limit uint64 // the largest magnitude the dtype holds, on the literal's side of zero
-	switch {
-	case d == tensor.BOOL:
-		limit = 1
-	case d == tensor.I8 || d == tensor.I16 || d == tensor.I32 || d == tensor.I64:
-		limit = 1<<(bitsN-1) - 1
-		if neg {
-			limit++
-		}
-	default: // unsigned
-		limit = math.MaxUint64 >> (64 - bitsN)
-		if neg {
-			limit = 0
-		}
-	}
-	if !isInt || !fits || mag > limit {
-		return nil, fmt.Errorf("fill %s is not a value of %s", literal, d)
-	}
-	v := mag
-	if neg {
-		v = -mag // two's complement
-	}
-	out := binary.LittleEndian.AppendUint64(nil, v)
-	return out[:d.Size()], nil
-}
-
-// parseInteger reads a JSON number literal exactly: whether it is negative, its magnitude,
-// whether it is an integer (1e3 and 2.50e1 are; 0.5 is not) and whether the magnitude fits in 64
-// bits. It never builds a number from the exponent alone, so 1e999999999 costs nothing.
-func parseInteger(lit string) (neg bool, mag uint64, isInt, fits bool) {
-	s, neg := strings.CutPrefix(lit, "-")
-	mant, expStr, _ := strings.Cut(strings.ToLower(s), "e")
-	intPart, frac, _ := strings.Cut(mant, ".")
-	exp, _ := strconv.ParseInt(expStr, 10, 64) // clamped to ±MaxInt64 when out of range
-	if expStr == "" {
-		exp = 0
-	}
-	exp = max(min(exp, 1<<32), -(1<<32)) - int64(len(frac))
-	digits := strings.TrimLeft(intPart+frac, "0")
-	if digits == "" {
-		return neg, 0, true, true
-	}
-	trimmed := strings.TrimRight(digits, "0")
-	exp += int64(len(digits) - len(trimmed))
-	digits = trimmed
-	if exp < 0 {
-		return neg, 0, false, false
-	}
-	if int64(len(digits))+exp > 20 { // more than 20 digits is past 2^64
-		return neg, 0, true, false
-	}
-	mag, err := strconv.ParseUint(digits+strings.Repeat("0", int(exp)), 10, 64)
-	return neg, mag, true, err == nil
 }

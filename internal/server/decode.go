@@ -87,6 +87,9 @@ func walk(v any, t reflect.Type, ptr string) (string, string, bool) {
 }
 
 func jsonKind(t reflect.Type) string {
+	if t == reflect.TypeFor[json.Number]() {
+		return "number"
+	}
 	switch t.Kind() {
 	case reflect.Struct, reflect.Map:
 		return "object"

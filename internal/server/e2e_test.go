@@ -101,7 +101,7 @@ func TestSafetensorsFormat(t *testing.T) {
 func TestFillCoversWhatNoBlockDoes(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		fixture(t, h)
-		fill := -1.0
+		fill := json.Number("-1")
 		blocks := []api.Block{{Offsets: []int64{1}, Lengths: []int64{3}, Source: "n", Base: []int64{0}, Coeff: [][]int64{{1}}}}
 		res := h.do("POST", "/v1/shards", shardReq("m", api.TensorRequest{Name: "padded", Dtype: api.F32, Shape: []int64{6}, Boxes: whole(6), Blocks: &blocks, Fill: &fill}))
 		if got := readF32(res.body); !slices.Equal(got, []float32{-1, 0.5, 1.5, 2.5, -1, -1}) {
@@ -164,7 +164,7 @@ func TestInvalidRequestsAreProblems(t *testing.T) {
 				Blocks: &[]api.Block{{Offsets: []int64{0}, Lengths: []int64{2}, Source: "i", Base: []int64{0}, Coeff: [][]int64{{1}}, Post: &[]api.PostOp{{Op: "neg"}}}}}), 422, "/tensors/0/blocks/0/post/0"},
 			{"mul without value", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Post = &[]api.PostOp{{Op: "mul"}} }), 400, "/tensors/0/blocks/0/post/0/value"},
 			{"unknown op", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Post = &[]api.PostOp{{Op: "sqrt"}} }), 400, "/tensors/0/blocks/0/post/0/op"},
-			{"bad fill", shardReq("m", api.TensorRequest{Name: "b", Dtype: api.BOOL, Shape: []int64{2}, Boxes: whole(2), Fill: ptr(2.0)}), 422, "/tensors/0/fill"},
+			{"bad fill", shardReq("m", api.TensorRequest{Name: "b", Dtype: api.BOOL, Shape: []int64{2}, Boxes: whole(2), Fill: ptr(json.Number("2"))}), 422, "/tensors/0/fill"},
 			{"duplicate names", shardReq("m", ok(), ok()), 422, "/tensors/1/name"},
 			{"unknown checkpoint", shardReq("nope", ok()), 404, ""},
 			{"traversal", shardReq("../m", ok()), 400, "/checkpoint"},

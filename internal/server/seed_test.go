@@ -116,7 +116,7 @@ func TestSeedReadsPastTheEndAndMissingSourcesAreRefused(t *testing.T) {
 			{rowsBlock("missing", 0, 2, 3, 0), "/tensors/0/blocks/0/source", `"missing"`},
 		} {
 			blocks := []api.Block{c.block}
-			res := h.do("POST", "/v1/shards", shardReq("w", api.TensorRequest{Name: "d", Dtype: api.F32, Shape: []int64{3, 3}, Boxes: whole(3, 3), Blocks: &blocks, Fill: new(float64)}))
+			res := h.do("POST", "/v1/shards", shardReq("w", api.TensorRequest{Name: "d", Dtype: api.F32, Shape: []int64{3, 3}, Boxes: whole(3, 3), Blocks: &blocks, Fill: ptr(json.Number("0"))}))
 			if res.status != http.StatusUnprocessableEntity || res.problem.Errors == nil || (*res.problem.Errors)[0].Pointer != c.pointer ||
 				!strings.Contains((*res.problem.Errors)[0].Detail, c.quoted) {
 				t.Errorf("%+v: %d %s", c.block, res.status, res.body)

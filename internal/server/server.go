@@ -192,19 +192,18 @@ func (s *Server) bodyDeadline(next http.Handler) http.Handler {
 // decodeJSON reads a request body strictly: unknown fields, duplicate keys, trailing data and
 // wrong types are 400s.
 func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Problem {
-	_, p := s.decodeBody(w, r, v)
-	return p
+	return s.decodeBody(w, r, v)
 }
 
 func malformed(detail string, fields ...api.FieldError) *Problem {
 	return &Problem{Status: http.StatusBadRequest, Slug: "malformed-request", Title: "The request is not valid JSON for this endpoint", Detail: detail, Errors: fields}
 }
 
-// decodeBody reads and decodes a body, and returns the literal of each /tensors/<i>/fill by i.
-func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) (map[int]string, *Problem) {
+// decodeBody reads and decodes a body.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) *Problem {
 	body, p := s.readBody(w, r)
 	if p != nil {
-		return nil, p
+		return p
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -221,31 +220,31 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) (map[
 	var syntax *json.SyntaxError
 	switch {
 	case err == nil:
-		sc := jsonScan{b: body, fills: map[int]string{}}
+		sc := jsonScan{b: body}
 		sc.value()
 		if sc.dup != "" {
-			return nil, malformed(sc.dup+": the key appears twice in its object (keys match regardless of case)",
+			return malformed(sc.dup+": the key appears twice in its object (keys match regardless of case)",
 				api.FieldError{Pointer: sc.dup, Detail: "duplicate key"})
 		}
-		return sc.fills, nil
+		return nil
 	case errors.As(err, &syntax):
-		return nil, malformed(fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
+		return malformed(fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err))
 	case errors.Is(err, io.EOF):
-		return nil, malformed("the body is empty; send a JSON request")
+		return malformed("the body is empty; send a JSON request")
 	}
 	if ptr, detail, ok := schemaError(body, reflect.TypeOf(v)); ok {
-		return nil, malformed(ptr+": "+detail, api.FieldError{Pointer: ptr, Detail: detail})
+		return malformed(ptr+": "+detail, api.FieldError{Pointer: ptr, Detail: detail})
 	}
 	if errors.As(err, &typeErr) {
 		if strings.HasPrefix(typeErr.Value, "number") { // a number no float64 holds, such as 1e999
-			sc := jsonScan{b: body, fills: map[int]string{}, findHuge: true}
+			sc := jsonScan{b: body, findHuge: true}
 			if sc.value(); sc.huge != "" {
-				return nil, malformed(sc.huge+": the number is beyond the range of a float64", api.FieldError{Pointer: sc.huge, Detail: "number out of range"})
+				return malformed(sc.huge+": the number is beyond the range of a float64", api.FieldError{Pointer: sc.huge, Detail: "number out of range"})
 			}
 		}
-		return nil, malformed("a value has the wrong JSON type", api.FieldError{Pointer: "/" + strings.ReplaceAll(typeErr.Field, ".", "/"), Detail: "wrong JSON type"})
+		return malformed("a value has the wrong JSON type", api.FieldError{Pointer: "/" + strings.ReplaceAll(typeErr.Field, ".", "/"), Detail: "wrong JSON type"})
 	}
-	return nil, malformed(err.Error())
+	return malformed(err.Error())
 }
 
 // readBody reads a JSON body: Content-Type application/json (or a +json type, in UTF-8), no
@@ -359,15 +358,13 @@ func truncate(s string, n int) string {
 
 // jsonScan walks a JSON text that encoding/json has accepted, once, without building values: it
 // finds the first object that holds a key twice (comparing keys as encoding/json matches them to
-// fields, regardless of case, so {"fill":1,"FILL":2} is a duplicate too) and notes the literal of
-// each number at /tensors/<i>/fill. Its cost is linear in the body: objects with many keys are
+// fields, regardless of case, so {"fill":1,"FILL":2} is a duplicate too). Its cost is linear in the body: objects with many keys are
 // checked through a map.
 type jsonScan struct {
-	b     []byte
-	i     int
-	path  []pathSeg
-	fills map[int]string
-	dup   string // the JSON pointer of the first duplicate key
+	b    []byte
+	i    int
+	path []pathSeg
+	dup  string // the JSON pointer of the first duplicate key
 	// findHuge looks for the first number beyond float64's range instead, and puts its pointer in huge.
 	findHuge bool
 	huge     string
@@ -419,10 +416,6 @@ func (s *jsonScan) value() bool {
 			s.huge = s.pointer()
 			return false
 		}
-	}
-	if len(s.path) == 3 && s.path[0].isKey && bytes.EqualFold(s.path[0].key, []byte("tensors")) && !s.path[1].isKey &&
-		s.path[2].isKey && bytes.EqualFold(s.path[2].key, []byte("fill")) {
-		s.fills[s.path[1].index] = string(s.b[start:s.i])
 	}
 	return true
 }
@@ -559,22 +552,15 @@ func foldKey(k []byte) string {
 	return b.String()
 }
 
-// shardRequest is a decoded shard request and the JSON literal of each tensor's fill, by index.
-type shardRequest struct {
-	*api.ShardRequest
-	fills map[int]string
-}
-
 // decode reads a shard request and checks what needs no checkpoint: a name, and the size limits.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request) (shardRequest, *Problem) {
+func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*api.ShardRequest, *Problem) {
 	var req api.ShardRequest
-	fills, p := s.decodeBody(w, r, &req)
-	if p != nil {
-		return shardRequest{}, p
+	if p := s.decodeBody(w, r, &req); p != nil {
+		return nil, p
 	}
 	bad := malformed
 	if req.Checkpoint == "" {
-		return shardRequest{}, bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"})
+		return nil, bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"})
 	}
 	blocks := 0
 	for _, t := range req.Tensors {
@@ -583,17 +569,16 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (shardRequest, *
 		}
 	}
 	if len(req.Tensors) > s.cfg.Limits.MaxTensors || blocks > s.cfg.Limits.MaxBlocks {
-		return shardRequest{}, &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "request-too-large", Title: "Too many tensors or blocks",
+		return nil, &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "request-too-large", Title: "Too many tensors or blocks",
 			Detail: fmt.Sprintf("the request has %d tensors and %d blocks; this server takes at most %d and %d: split the request",
 				len(req.Tensors), blocks, s.cfg.Limits.MaxTensors, s.cfg.Limits.MaxBlocks),
 			Errors: []api.FieldError{{Pointer: "/tensors", Detail: "split the request"}}}
 	}
-	return shardRequest{&req, fills}, nil
+	return &req, nil
 }
 
 // plan resolves and plans a decoded request.
-func (s *Server) plan(r *http.Request, sr shardRequest) (*planner.Plan, *Problem) {
-	req := sr.ShardRequest
+func (s *Server) plan(r *http.Request, req *api.ShardRequest) (*planner.Plan, *Problem) {
 	ctx, span := s.tracer.Start(r.Context(), "catalog.open", trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)))
 	ck, err := s.cfg.Catalog.Open(ctx, req.Checkpoint)
 	span.End()
@@ -602,12 +587,6 @@ func (s *Server) plan(r *http.Request, sr shardRequest) (*planner.Plan, *Problem
 	}
 	if err != nil {
 		return nil, toProblem(err)
-	}
-	// Integer fills are encoded from their JSON literals, exactly (a float64 is not exact past 2^53).
-	for i := range req.Tensors {
-		if lit, ok := sr.fills[i]; ok && req.Tensors[i].Fill != nil {
-			defer planner.LendFillLiteral(req.Tensors[i].Fill, lit)()
-		}
 	}
 	start := time.Now()
 	_, span = s.tracer.Start(r.Context(), "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))

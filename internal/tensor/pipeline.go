@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 )
 
 // OpKind names a post op of DESIGN §3.
@@ -467,48 +469,86 @@ func encode(b *batch, d DType, dst []byte, stride, n int) {
 	}
 }
 
-// EncodeFill converts a fill value to one element of d: floats round as a float64 value would be
-// copied (through float32 for the narrow types), integers and BOOL need an exact, in-range value.
-func EncodeFill(d DType, v float64) ([]byte, error) {
+// EncodeFill converts a fill, a JSON number literal, to one element of d. Floats round as the
+// float64 the literal names would be copied (through float32 for the narrow types). Integers and
+// BOOL need an integer literal in range, read exactly, so the whole I64 and U64 range is open
+// (a float64 is not exact past 2^53).
+func EncodeFill(d DType, literal string) ([]byte, error) {
 	if d == F8E8M0 {
 		return nil, fmt.Errorf("a fill of %s is not supported", d)
 	}
 	out := make([]byte, d.Size())
 	var b batch
 	switch kindOf(d) {
-	case kindF64:
-		b.f64[0] = v
-	case kindF32:
-		b.f32[0] = roundTo(d, float32(v))
+	case kindF64, kindF32:
+		v, err := strconv.ParseFloat(literal, 64)
+		if err != nil {
+			return nil, fmt.Errorf("fill %s is not a number %s holds", literal, d)
+		}
+		if kindOf(d) == kindF64 {
+			b.f64[0] = v
+		} else {
+			b.f32[0] = roundTo(d, float32(v))
+		}
 	default:
-		lo, hi := intRange(d)
-		if v != math.Trunc(v) || v < lo || v > hi {
-			return nil, fmt.Errorf("fill %v is not a value of %s", v, d)
+		neg, mag, ok := parseInteger(literal)
+		if !ok || mag > intLimit(d, neg) {
+			return nil, fmt.Errorf("fill %s is not a value of %s", literal, d)
+		}
+		if neg {
+			mag = -mag // two's complement
 		}
 		if kindOf(d) == kindI64 {
-			b.i64[0] = int64(v)
+			b.i64[0] = int64(mag)
 		} else {
-			b.u64[0] = uint64(v)
+			b.u64[0] = mag
 		}
 	}
 	encode(&b, d, out, 0, 1)
 	return out, nil
 }
 
-// intRange is the range of an integer dtype as float64s that are exactly representable, so the
-// comparison in EncodeFill is exact (2^63 and 2^64 are excluded by the strict bound below).
-func intRange(d DType) (lo, hi float64) {
-	switch d {
-	case BOOL:
-		return 0, 1
-	case I64:
-		return -(1 << 63), math.Nextafter(1<<63, 0)
-	case U64:
-		return 0, math.Nextafter(1<<64, 0)
+// intLimit is the largest magnitude an integer dtype holds on one side of zero.
+func intLimit(d DType, neg bool) uint64 {
+	bits := uint(8 * d.Size())
+	switch {
+	case d == BOOL:
+		if neg {
+			return 0
+		}
+		return 1
+	case d.isSigned() && neg:
+		return 1 << (bits - 1)
+	case d.isSigned():
+		return 1<<(bits-1) - 1
+	case neg:
+		return 0
 	}
-	bits := 8 * d.Size()
-	if d.isSigned() {
-		return -math.Ldexp(1, bits-1), math.Ldexp(1, bits-1) - 1
+	return math.MaxUint64 >> (64 - bits)
+}
+
+// parseInteger reads a JSON number literal exactly: whether it is negative and its magnitude, and
+// ok when it is an integer (1e3 and 2.50e1 are; 0.5 is not) whose magnitude fits in 64 bits. It
+// never builds a number from the exponent alone, so 1e999999999 costs nothing.
+func parseInteger(lit string) (neg bool, mag uint64, ok bool) {
+	s, neg := strings.CutPrefix(lit, "-")
+	mant, expStr, _ := strings.Cut(strings.ToLower(s), "e")
+	intPart, frac, _ := strings.Cut(mant, ".")
+	exp, _ := strconv.ParseInt(expStr, 10, 64) // clamped to ±MaxInt64 when out of range
+	if expStr == "" {
+		exp = 0
 	}
-	return 0, math.Ldexp(1, bits) - 1
+	exp = max(min(exp, 1<<32), -(1<<32)) - int64(len(frac))
+	digits := strings.TrimLeft(intPart+frac, "0")
+	if digits == "" {
+		return neg, 0, true
+	}
+	trimmed := strings.TrimRight(digits, "0")
+	exp += int64(len(digits) - len(trimmed))
+	digits = trimmed
+	if exp < 0 || int64(len(digits))+exp > 20 { // a fraction, or more than 20 digits: past 2^64
+		return neg, 0, false
+	}
+	mag, err := strconv.ParseUint(digits+strings.Repeat("0", int(exp)), 10, 64)
+	return neg, mag, err == nil
 }

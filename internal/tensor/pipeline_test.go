@@ -108,21 +108,37 @@ func TestCastChangesWorkingDType(t *testing.T) {
 }
 
 func TestEncodeFill(t *testing.T) {
-	if b, err := EncodeFill(BF16, 1); err != nil || binary.LittleEndian.Uint16(b) != 0x3F80 {
+	if b, err := EncodeFill(BF16, "1"); err != nil || binary.LittleEndian.Uint16(b) != 0x3F80 {
 		t.Errorf("BF16 fill 1 = %x %v", b, err)
 	}
-	if b, err := EncodeFill(I8, -128); err != nil || b[0] != 0x80 {
+	if b, err := EncodeFill(I8, "-128"); err != nil || b[0] != 0x80 {
 		t.Errorf("I8 fill -128 = %x %v", b, err)
 	}
 	for _, c := range []struct {
 		d DType
-		v float64
-	}{{I8, 128}, {U8, -1}, {I32, 0.5}, {BOOL, 2}, {I64, 1 << 63}, {U64, 1 << 64}} {
+		v string
+	}{{I8, "128"}, {U8, "-1"}, {I32, "0.5"}, {BOOL, "2"}, {I64, "9223372036854775808"}, {U64, "18446744073709551616"},
+		{I64, "1e999999999"}, {F32, "1e999"}} {
 		if _, err := EncodeFill(c.d, c.v); err == nil {
 			t.Errorf("EncodeFill(%s, %v) accepted", c.d, c.v)
 		}
 	}
-	if b, err := EncodeFill(F8E4M3, 1000); err != nil || b[0] != 0x7F {
+	for _, c := range []struct {
+		d    DType
+		v    string
+		want uint64
+	}{{I64, "9007199254740993", 9007199254740993}, {I64, "-9223372036854775808", 1 << 63}, {U64, "18446744073709551615", 1<<64 - 1},
+		{I32, "2.50e1", 25}, {U8, "-0", 0}, {BOOL, "1.0", 1}} {
+		b, err := EncodeFill(c.d, c.v)
+		if err != nil {
+			t.Errorf("EncodeFill(%s, %s): %v", c.d, c.v, err)
+			continue
+		}
+		if got := binary.LittleEndian.Uint64(append(b, make([]byte, 8)...)); got != c.want {
+			t.Errorf("EncodeFill(%s, %s) = %#x, want %#x", c.d, c.v, got, c.want)
+		}
+	}
+	if b, err := EncodeFill(F8E4M3, "1000"); err != nil || b[0] != 0x7F {
 		t.Errorf("E4M3 fill overflow = %x %v", b, err)
 	}
 }
