@@ -127,18 +127,23 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.s3.MaxInFlight, "s3-max-in-flight", 64, "most S3 requests in flight across all streams; the connection pool keeps as many idle")
 	fs.DurationVar(&c.s3.ReadTimeout, "s3-read-timeout", 30*time.Second, "time one attempt of one S3 read may take, headers and body")
 	fs.DurationVar(&c.s3.RetryBudget, "s3-retry-budget", 60*time.Second, "time one S3 read may spend retrying 5xx, SlowDown, resets and broken bodies")
-	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", 64<<20, "largest request body accepted, in bytes (413 above)")
-	fs.Int64Var(&c.memoryBytes, "memory-bytes", 1536<<20, "memory budget for the cache and every stream's buffers together, in bytes; a request that finds it spent gets a 503")
-	fs.Int64Var(&c.cacheBytes, "cache-bytes", 0, "shared-region cache, in bytes, taken from --memory-bytes (0 disables it; 512 MiB for s3://, off for directories, which the OS page cache already caches)")
-	fs.Int64Var(&c.cacheChunk, "cache-chunk-bytes", 4<<20, "the cache's chunk: reads are aligned to it and storage is read in chunks (8 MiB for s3://)")
+	c.maxBodyBytes = 64 << 20
+	fs.Var(byteSize{&c.maxBodyBytes}, "max-body-bytes", "largest request `SIZE` accepted (413 above)")
+	c.memoryBytes = 1536 << 20
+	fs.Var(byteSize{&c.memoryBytes}, "memory-bytes", "memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; a request that finds it spent gets a 503")
+	fs.Var(byteSize{&c.cacheBytes}, "cache-bytes", "shared-region cache `SIZE`, taken from --memory-bytes (0 disables it; 512MiB for s3://, off for directories, which the OS page cache already caches)")
+	c.cacheChunk = 4 << 20
+	fs.Var(byteSize{&c.cacheChunk}, "cache-chunk-bytes", "the cache's chunk `SIZE`: reads are aligned to it and storage is read in chunks (8MiB for s3://)")
 	fs.DurationVar(&c.admitWait, "admit-wait", 5*time.Second, "how long a new stream waits for memory before it is refused with 503 and Retry-After")
 	fs.IntVar(&c.window, "window", 4, "segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)")
-	fs.Int64Var(&c.planner.SegmentBytes, "segment-bytes", c.planner.SegmentBytes, "output bytes produced at once per stream")
-	fs.Int64Var(&c.planner.SegmentReadBytes, "segment-read-bytes", c.planner.SegmentReadBytes, "most bytes one segment reads into gather buffers; bigger segments are cut")
-	fs.Int64Var(&c.planner.MaxGap, "max-gap", c.planner.MaxGap, "what one more read request costs, in bytes: runs closer than this are read as one")
-	fs.Int64Var(&c.planner.MaxRead, "max-read", c.planner.MaxRead, "reads longer than this are split into parallel requests")
+	fs.Var(byteSize{&c.planner.SegmentBytes}, "segment-bytes", "output `SIZE` produced at once per stream")
+	fs.Var(byteSize{&c.planner.SegmentReadBytes}, "segment-read-bytes", "most bytes (`SIZE`) one segment reads into gather buffers; bigger segments are cut")
+	fs.Var(byteSize{&c.planner.MaxGap}, "max-gap", "what one more read request costs, in bytes (`SIZE`): runs closer than this are read as one")
+	fs.Var(byteSize{&c.planner.MaxRead}, "max-read", "reads longer than this `SIZE` are split into parallel requests")
 	fs.Int64Var(&c.planner.MaxReads, "max-reads", c.planner.MaxReads, "refuse (422) a request whose plan needs more reads or segments than this")
-	fs.Int64Var(&c.planner.MaxOverread, "max-overread", 0, "a merged read may be at most this many times the bytes it needs (0: no cap; 16 for s3://)")
+	fs.Int64Var(&c.planner.MaxOverread, "max-overread", c.planner.MaxOverread, "a read (merged across gaps or aligned to cache chunks) may be at most this many times the bytes it needs, on every store")
+	fs.Var(byteSize{&c.planner.MaxOutputBytes}, "max-output-bytes", "largest response body (`SIZE`) a request may ask for (422 above)")
+	fs.Var(byteSize{&c.planner.MaxPlanBytes}, "max-plan-bytes", "most memory (`SIZE`) one plan may take while it is built and streamed, charged to --memory-bytes (422 above)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&c.limits.MaxTensors, "max-tensors", 65536, "tensors per request (413 above)")
 	fs.IntVar(&c.limits.MaxBlocks, "max-blocks", 1<<20, "blocks per request, all tensors together (413 above)")
@@ -156,7 +161,8 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 			"S3 credentials and region come from the standard AWS chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,\n"+
 			"AWS_PROFILE and the shared files, or web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA sets).\n"+
 			"For s3:// stores the defaults become --max-gap 1MiB --max-read 8MiB --segment-bytes 16MiB\n"+
-			"--segment-read-bytes 32MiB --max-overread 16 --cache-bytes 512MiB --cache-chunk-bytes 8MiB unless given.\n\nFlags:\n")
+			"--segment-read-bytes 32MiB --cache-bytes 512MiB --cache-chunk-bytes 8MiB unless given.\n"+
+			"Sizes take units: 16777216, 16MiB, 16Mi, 1.5GiB.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -181,7 +187,7 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 		// connection), so merge gaps up to that, never past 16x what a read needs; 8 MiB parts keep
 		// the connections busy; bigger segments keep more of them in flight.
 		s3Defaults := map[string]string{"max-gap": "1048576", "max-read": "8388608", "segment-bytes": "16777216", "segment-read-bytes": "33554432",
-			"max-overread": "16", "cache-bytes": "536870912", "cache-chunk-bytes": "8388608"}
+			"cache-bytes": "536870912", "cache-chunk-bytes": "8388608"}
 		for name, v := range s3Defaults {
 			if !set[name] && os.Getenv("SHARDSRV_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))) == "" {
 				fs.Set(name, v)
@@ -206,7 +212,10 @@ func (c *config) validate() error {
 	if c.limits.BodyTimeout <= 0 || c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 {
 		errs = append(errs, errors.New("--body-timeout, --idle-timeout and --shutdown-grace must be positive, --drain-delay at least 0"))
 	}
-	if c.maxBodyBytes <= 0 || c.window <= 0 || c.planner.MaxOverread < 0 || c.planner.SegmentBytes <= 0 || c.planner.SegmentReadBytes <= 0 || c.planner.MaxRead <= 0 || c.planner.MaxReads <= 0 || c.planner.MaxGap < 0 {
+	if c.planner.MaxPlanBytes <= 0 || c.planner.MaxPlanBytes > c.memoryBytes-c.cacheBytes {
+		errs = append(errs, errors.New("--max-plan-bytes must be positive and fit in --memory-bytes minus --cache-bytes"))
+	}
+	if c.maxBodyBytes <= 0 || c.window <= 0 || c.planner.MaxOverread < 1 || c.planner.MaxOutputBytes <= 0 || c.planner.SegmentBytes <= 0 || c.planner.SegmentReadBytes <= 0 || c.planner.MaxRead <= 0 || c.planner.MaxReads <= 0 || c.planner.MaxGap < 0 {
 		errs = append(errs, errors.New("sizes and counts must be positive (--max-gap may be 0)"))
 	}
 	var level slog.Level

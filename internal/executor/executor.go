@@ -92,6 +92,28 @@ func (e *Executor) release(w int64) {
 	e.memory.Release(w)
 }
 
+// Reserve holds n bytes of the memory budget (at most all of it) for memory that is not a
+// segment's, such as a plan while it is built and streamed, waiting at most AdmitWait; release
+// gives back all or part of it, once per byte. ErrBusy when the budget stays spent.
+func (e *Executor) Reserve(ctx context.Context, n int64) (release func(n int64), err error) {
+	n = min(max(n, 0), e.memoryBytes)
+	actx, cancel := context.WithTimeout(ctx, e.admitWait)
+	err = e.acquire(actx, n)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, ErrBusy
+	}
+	left := n
+	return func(k int64) { // called by one goroutine: the reservation's owner
+		k = min(max(k, 0), left)
+		left -= k
+		e.release(k)
+	}, nil
+}
+
 // Stream is one plan being produced. Next returns the body in order; Close must be called.
 type Stream struct {
 	e       *Executor

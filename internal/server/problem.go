@@ -77,7 +77,10 @@ func toProblem(err error) *Problem {
 	case errors.Is(err, store.ErrUnavailable):
 		return &Problem{Status: http.StatusServiceUnavailable, Slug: "store-unavailable", Title: "The store is overloaded", Detail: err.Error(), RetryAfter: 1}
 	case errors.Is(err, context.DeadlineExceeded):
-		return &Problem{Status: http.StatusGatewayTimeout, Slug: "timeout", Title: "The store did not answer in time", Detail: err.Error()}
+		return &Problem{Status: http.StatusGatewayTimeout, Slug: "timeout", Title: "The request did not finish in time",
+			Detail: err.Error() + ": the store was slow, or the request plans more than --request-timeout allows"}
+	case errors.Is(err, context.Canceled): // the client left, or the server is shutting down
+		return &Problem{Status: http.StatusServiceUnavailable, Slug: "cancelled", Title: "The request was cancelled", Detail: err.Error(), RetryAfter: 1}
 	}
 	return &Problem{Status: http.StatusBadGateway, Slug: "storage-failure", Title: "The store failed", Detail: err.Error()}
 }

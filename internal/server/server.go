@@ -577,8 +577,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (*api.ShardReque
 	return &req, nil
 }
 
-// plan resolves and plans a decoded request.
-func (s *Server) plan(r *http.Request, req *api.ShardRequest) (*planner.Plan, *Problem) {
+// plan resolves and plans a decoded request, under the request's context. The plan's memory is
+// charged to the executor's budget: all a plan may grow to while it is built, then what it holds;
+// release gives that back once the plan is no longer used. A plan for a stream carries no pieces
+// (they only feed /v1/plan's report).
+func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (plan *planner.Plan, release func(), p *Problem) {
 	ctx, span := s.tracer.Start(r.Context(), "catalog.open", trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)))
 	ck, err := s.cfg.Catalog.Open(ctx, req.Checkpoint)
 	span.End()
@@ -586,17 +589,29 @@ func (s *Server) plan(r *http.Request, req *api.ShardRequest) (*planner.Plan, *P
 		err = s.expandLayout(ctx, req, ck)
 	}
 	if err != nil {
-		return nil, toProblem(err)
+		return nil, nil, toProblem(err)
+	}
+	opts := s.cfg.Planner
+	opts.NoPieces = forStream
+	if opts.MaxPlanBytes <= 0 {
+		opts.MaxPlanBytes = planner.DefaultMaxPlanBytes
+	}
+	giveBack, err := s.cfg.Executor.Reserve(r.Context(), opts.MaxPlanBytes)
+	if err != nil {
+		return nil, nil, toProblem(err)
 	}
 	start := time.Now()
-	_, span = s.tracer.Start(r.Context(), "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
-	plan, err := planner.New(req, ck, s.cfg.Planner)
+	ctx, span = s.tracer.Start(r.Context(), "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
+	plan, err = planner.NewContext(ctx, req, ck, opts)
 	span.End()
 	if err != nil {
-		return nil, toProblem(err)
+		giveBack(opts.MaxPlanBytes)
+		return nil, nil, toProblem(err)
 	}
+	held := min(plan.MemoryBytes, opts.MaxPlanBytes)
+	giveBack(opts.MaxPlanBytes - held)
 	s.metrics.planned(r.Context(), plan, time.Since(start))
-	return plan, nil
+	return plan, func() { giveBack(held) }, nil
 }
 
 // PostShards streams a shard. The response is committed only once the first segment has been
@@ -615,11 +630,12 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	plan, p := s.plan(r, req)
+	plan, releasePlan, p := s.plan(r, req, true)
 	if p != nil {
 		writeProblem(w, r, p)
 		return
 	}
+	defer releasePlan()
 	start := time.Now()
 	s.metrics.streams.Add(ctx, 1)
 	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
@@ -682,11 +698,12 @@ func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	plan, p := s.plan(r, req)
+	plan, releasePlan, p := s.plan(r, req, false)
 	if p != nil {
 		writeProblem(w, r, p)
 		return
 	}
+	defer releasePlan()
 	writeJSON(w, planResponse(plan, s.cfg.Planner.MaxRead))
 }
 

@@ -29,3 +29,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* A byte size for a SHARDSRV_ variable: a string with its unit (1.5Gi, 512MiB) as written, a
+number as a whole number (YAML numbers arrive as floats, which would print as 1.6e+09). */ -}}
+{{- define "shardsrv.bytes" -}}
+{{- if kindIs "string" . -}}{{ . | quote }}{{- else -}}{{ . | int64 | quote }}{{- end -}}
+{{- end -}}
