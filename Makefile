@@ -53,9 +53,10 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: run 'gofmt -w .'"; exit 1; }
 	$(GO) vet ./...
 
-## generate: regenerate api/api.gen.go from openapi.yaml (oapi-codegen, pinned in go.mod as a tool)
+## generate: regenerate the wire types (api/api.gen.go) and the server glue (internal/server/gen) from
+## openapi.yaml (oapi-codegen, pinned in go.mod as a tool)
 generate:
-	cd api && $(GO) generate ./...
+	$(GO) generate ./api ./internal/server/gen
 
 ## bench: measure against baselines in one run and write docs/benchmarks.md
 bench: tools

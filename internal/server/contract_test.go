@@ -10,9 +10,9 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/go-chi/chi/v5"
 
-	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/server/gen"
 )
 
 func TestSpecIsValidAndEmbedded(t *testing.T) {
@@ -24,7 +24,7 @@ func TestSpecIsValidAndEmbedded(t *testing.T) {
 	if err := doc.Validate(context.Background()); err != nil {
 		t.Fatalf("openapi.yaml does not validate: %v", err)
 	}
-	embedded, err := api.GetSwagger()
+	embedded, err := gen.GetSwagger()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestSpecIsValidAndEmbedded(t *testing.T) {
 }
 
 func TestRoutesMatchSpec(t *testing.T) {
-	spec, _ := api.GetSwagger()
+	spec, _ := gen.GetSwagger()
 	want := map[string]bool{}
 	for path, item := range spec.Paths.Map() {
 		for method := range item.Operations() {

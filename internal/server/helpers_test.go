@@ -31,6 +31,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/server/gen"
 	"github.com/shardsrv/shardsrv/internal/store"
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
@@ -139,7 +140,7 @@ func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(str
 	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	spec, err := api.GetSwagger()
+	spec, err := gen.GetSwagger()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/server/gen"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
@@ -78,7 +79,7 @@ type Limits struct {
 	BodyTimeout time.Duration
 }
 
-// Server implements api.ServerInterface.
+// Server implements gen.ServerInterface.
 type Server struct {
 	cfg      Config
 	log      *slog.Logger
@@ -88,7 +89,7 @@ type Server struct {
 	draining atomic.Bool
 }
 
-var _ api.ServerInterface = (*Server)(nil)
+var _ gen.ServerInterface = (*Server)(nil)
 
 // New returns a server.
 func New(cfg Config) *Server {
@@ -168,7 +169,7 @@ func (s *Server) Handler() http.Handler {
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, &Problem{Status: http.StatusMethodNotAllowed, Slug: "method-not-allowed", Title: "Method not allowed", Detail: r.Method + " is not allowed on " + r.URL.Path})
 	})
-	return api.HandlerWithOptions(s, api.ChiServerOptions{
+	return gen.HandlerWithOptions(s, gen.ChiServerOptions{
 		BaseRouter: r,
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeProblem(w, r, &Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter", Detail: err.Error()})
