@@ -116,7 +116,7 @@ func (c *Catalog) Store() store.Store { return c.store }
 
 // Open resolves a checkpoint. One Stat of its index (or single file) per call checks that the
 // cached resolution is current; a shard file replaced since is caught by the version every data
-// read carries, and Forget drops the stale resolution.
+// read carries, and ReadFailed drops the stale resolution.
 func (c *Catalog) Open(ctx context.Context, name string) (*Checkpoint, error) {
 	if err := store.ValidateKey(name); err != nil {
 		return nil, err
@@ -142,8 +142,14 @@ func (c *Catalog) Open(ctx context.Context, name string) (*Checkpoint, error) {
 	return v.(*Checkpoint), nil
 }
 
-// Forget drops a cached resolution, after a read found one of its files changed.
-func (c *Catalog) Forget(name string) { c.opened.Remove(name) }
+// ReadFailed tells the catalog that reading checkpoint name's data failed with err. When the error
+// says a file changed or vanished since the catalog resolved it, the resolution is stale and is
+// dropped, so the next request reads the new files; other failures leave it.
+func (c *Catalog) ReadFailed(name string, err error) {
+	if errors.Is(err, store.ErrChanged) || errors.Is(err, store.ErrNotFound) {
+		c.opened.Remove(name)
+	}
+}
 
 func (c *Catalog) root(ctx context.Context, name string) (string, store.Info, bool, error) {
 	for _, f := range []string{IndexFile, SingleFile} {

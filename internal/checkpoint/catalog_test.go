@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,5 +106,28 @@ func TestRejectedCheckpoints(t *testing.T) {
 	}
 	if _, err := c.Open(context.Background(), "../etc"); !errors.Is(err, store.ErrInvalidKey) {
 		t.Errorf("traversal: %v", err)
+	}
+}
+
+// The catalog decides from a read's error whether its resolution is stale.
+func TestReadFailedDropsOnlyStaleResolutions(t *testing.T) {
+	c, dir := catalog(t)
+	writeFile(t, dir, "m/"+SingleFile, td("w", 4))
+	ctx := context.Background()
+	ck, err := c.Open(ctx, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ReadFailed("m", errors.New("the connection broke"))
+	if again, _ := c.Open(ctx, "m"); again != ck {
+		t.Error("a failure that says nothing of the files dropped the resolution")
+	}
+	for _, stale := range []error{store.ErrChanged, store.ErrNotFound} {
+		c.ReadFailed("m", fmt.Errorf("read: %w", stale))
+		again, err := c.Open(ctx, "m")
+		if err != nil || again == ck {
+			t.Errorf("after %v the resolution was kept", stale)
+		}
+		ck = again
 	}
 }

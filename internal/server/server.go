@@ -42,7 +42,6 @@ import (
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/server/gen"
-	"github.com/shardsrv/shardsrv/internal/store"
 )
 
 // Config is what the server is built from.
@@ -647,9 +646,7 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	}
 	defer stream.Close()
 	if err := stream.Prime(); err != nil {
-		if errors.Is(err, store.ErrChanged) || errors.Is(err, store.ErrNotFound) {
-			s.cfg.Catalog.Forget(plan.Checkpoint)
-		}
+		s.cfg.Catalog.ReadFailed(plan.Checkpoint, err)
 		writeProblem(w, r, toProblem(err))
 		return
 	}
@@ -672,9 +669,7 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 			_, err = w.Write(chunk)
 		}
 		if err != nil {
-			if errors.Is(err, store.ErrChanged) {
-				s.cfg.Catalog.Forget(plan.Checkpoint)
-			}
+			s.cfg.Catalog.ReadFailed(plan.Checkpoint, err)
 			if r.Context().Err() == nil {
 				s.log.Error("aborting a shard stream after its headers were sent", "err", err, "checkpoint", plan.Checkpoint, "request_id", middleware.GetReqID(r.Context()))
 			}
