@@ -86,7 +86,9 @@ const what = "local store"
 func (l *Local) mapErr(key string, err error) error {
 	var pe *fs.PathError
 	if errors.As(err, &pe) && pe.Err != nil {
-		if pe.Err.Error() == "path escapes from parent" {
+		// os.Root refuses a path that leaves it with an error of its own; every other failure of
+		// an open is a system error.
+		if errno := syscall.Errno(0); !errors.As(pe.Err, &errno) && !errors.Is(pe.Err, fs.ErrNotExist) {
 			return fmt.Errorf("%s: %q: %w (a symlink out of the store is not followed)", what, key, ErrNotFound)
 		}
 		err = pe.Err // the op and path of a PathError add nothing for a client, and may name local paths

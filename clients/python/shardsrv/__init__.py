@@ -32,9 +32,6 @@ __all__ = ["Client", "ProblemError", "ShortBodyError", "parse_safetensors", "to_
 
 log = logging.getLogger("shardsrv")
 
-DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32": 4, "U64": 8, "I64": 8,
-               "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
-
 # Statuses another attempt may cure: a time-out or overload (408, 429, 503, 504), storage trouble
 # (502), a checkpoint file that changed under the request (409: the next attempt reads the new
 # version). Any other 4xx is the request's fault and fails the same way every time.
