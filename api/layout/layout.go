@@ -298,7 +298,7 @@ const (
 )
 
 // RoPEPermute reorders the rows of a q or k projection between the Hugging Face and the Meta
-// layouts (REFERENCES.md §5.1): HF[h*D + t*D/2 + j] = Meta[h*D + 2j + t]. The rank holds it whole.
+// layouts (docs/references.md §2): HF[h*D + t*D/2 + j] = Meta[h*D + 2j + t]. The rank holds it whole.
 func RoPEPermute(s Shapes, src, dst string, dtype api.DType, headDim int64, direction int) (api.TensorRequest, error) {
 	sh, err := s.shape(src, 2)
 	if err != nil {

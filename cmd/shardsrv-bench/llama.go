@@ -18,7 +18,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 )
 
-// Llama-3-8B shapes (REFERENCES.md §5.1): two layers and the embedding, BF16, in three files.
+// Llama-3-8B shapes (docs/references.md §2): two layers and the embedding, BF16, in three files.
 const (
 	vocab = 128256
 	inter = 14336

@@ -29,7 +29,7 @@ import (
 
 const bucket = "bench"
 
-// Llama-3-8B attention shapes (REFERENCES.md §5.1).
+// Llama-3-8B attention shapes (docs/references.md §2).
 const (
 	hidden  = 4096
 	qRows   = 4096

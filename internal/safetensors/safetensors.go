@@ -1,5 +1,5 @@
 // Package safetensors reads and writes the header of a safetensors file strictly: the reader
-// follows the rules of the format and of the reference Rust reader (REFERENCES.md §3), names the
+// follows the rules of the format and of the reference Rust reader (docs/references.md §3), names the
 // file and the tensor in every error, and never allocates more than the header it was handed.
 package safetensors
 

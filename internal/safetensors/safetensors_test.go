@@ -22,7 +22,7 @@ func parseFile(b []byte) (*Header, error) {
 	return Parse("f.safetensors", b[PrefixLen:PrefixLen+n], int64(len(b)))
 }
 
-// The reference crate's own vectors (REFERENCES.md §3.4) and hyper_parallel's bad-input corpus.
+// The reference crate's own vectors (docs/references.md §3) and hyper_parallel's bad-input corpus.
 func TestRejects(t *testing.T) {
 	i32 := `{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0,16]}}`
 	cases := []struct {
@@ -98,7 +98,7 @@ func TestAccepts(t *testing.T) {
 	}
 }
 
-// Golden bytes of the reference writer (REFERENCES.md §3.4).
+// Golden bytes of the reference writer (docs/references.md §3).
 func TestEncodeHeaderGolden(t *testing.T) {
 	if got := EncodeHeader(nil, nil); !bytes.Equal(got, append([]byte{8, 0, 0, 0, 0, 0, 0, 0, '{', '}'}, "      "...)) {
 		t.Errorf("empty: %q", got)

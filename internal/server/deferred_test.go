@@ -22,7 +22,7 @@ func dequant(sources []string, block ...int64) *api.Deferred {
 	return d
 }
 
-// REFERENCES.md §6: block 4, scales [[1,2],[3,4]], window [2:6, 1:5] of an 8x8 tensor of 2.0.
+// docs/references.md §4: block 4, scales [[1,2],[3,4]], window [2:6, 1:5] of an 8x8 tensor of 2.0.
 func TestFP8BlockDequantDCPVector(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		w := make([]byte, 64)

@@ -13,7 +13,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
 
-// The cases of hyper_parallel's own RemapLoadPlanner tests (REFERENCES.md §1.1), through HTTP.
+// The cases of hyper_parallel's own RemapLoadPlanner tests (docs/references.md §1), through HTTP.
 
 func qk(t *testing.T, h *harness, dtype string, q, k []byte) {
 	writeCheckpoint(t, h, "qk",

@@ -1,5 +1,5 @@
 // Package s3test starts a real S3 server for tests and benchmarks: versitygw over a temporary
-// folder on 127.0.0.1, installed by `make` at a pinned version (DESIGN §5).
+// folder on 127.0.0.1, installed by `make` at a pinned version (Makefile `tools`).
 package s3test
 
 import (
