@@ -122,11 +122,7 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", ":8080", "`HOST:PORT` to listen on")
 	fs.StringVar(&c.store, "store", "", "where checkpoints are: `DIR`, file://DIR or s3://BUCKET/PREFIX; each checkpoint is a folder (key prefix) in it (required)")
-	fs.StringVar(&c.s3.Endpoint, "s3-endpoint", "", "S3-compatible endpoint `URL` (path-style addressing); default AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, then AWS")
-	fs.StringVar(&c.s3.Region, "s3-region", "", "S3 region; default from the AWS chain (AWS_REGION, profile), else us-east-1")
-	fs.IntVar(&c.s3.MaxInFlight, "s3-max-in-flight", 64, "most S3 requests in flight across all streams; the connection pool keeps as many idle")
-	fs.DurationVar(&c.s3.ReadTimeout, "s3-read-timeout", 30*time.Second, "time one attempt of one S3 read may take, headers and body")
-	fs.DurationVar(&c.s3.RetryBudget, "s3-retry-budget", 60*time.Second, "time one S3 read may spend retrying 5xx, SlowDown, resets and broken bodies")
+	c.s3.RegisterFlags(fs)
 	c.maxBodyBytes = 64 << 20
 	fs.Var(byteSize{&c.maxBodyBytes}, "max-body-bytes", "largest request `SIZE` accepted (413 above)")
 	c.memoryBytes = 1536 << 20
@@ -145,12 +141,7 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(byteSize{&c.planner.MaxOutputBytes}, "max-output-bytes", "largest response body (`SIZE`) a request may ask for (422 above)")
 	fs.Var(byteSize{&c.planner.MaxPlanBytes}, "max-plan-bytes", "most memory (`SIZE`) one plan may take while it is built and streamed, charged to --memory-bytes (422 above)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.IntVar(&c.limits.MaxTensors, "max-tensors", 65536, "tensors per request (413 above)")
-	fs.IntVar(&c.limits.MaxBlocks, "max-blocks", 1<<20, "blocks per request, all tensors together (413 above)")
-	fs.IntVar(&c.limits.MaxStreams, "max-streams", 64, "concurrent shard streams (503 with Retry-After above)")
-	fs.DurationVar(&c.limits.RequestTimeout, "request-timeout", 30*time.Minute, "longest a request may take, streaming included")
-	fs.DurationVar(&c.limits.WriteTimeout, "write-timeout", time.Minute, "longest one write to a client may take; a stalled client is cut off and its buffers freed")
-	fs.DurationVar(&c.limits.BodyTimeout, "body-timeout", 30*time.Second, "longest a client may take to send a request body (408 after it); a request takes its stream slot only once its body is in")
+	c.limits.RegisterFlags(fs)
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it changes; every route but /healthz, /readyz and /metrics then needs one (default: no auth)")
 	fs.DurationVar(&c.grace, "shutdown-grace", 25*time.Second, "after --drain-delay, how long in-flight streams may take to finish once the listener is closed")
@@ -209,9 +200,10 @@ func (c *config) validate() error {
 	if c.cacheBytes < 0 || c.cacheBytes >= c.memoryBytes || (c.cacheBytes > 0 && c.cacheBytes < c.cacheChunk) || c.cacheChunk <= 0 {
 		errs = append(errs, errors.New("--cache-bytes must be 0 or at least one --cache-chunk-bytes, and less than --memory-bytes"))
 	}
-	if c.limits.BodyTimeout <= 0 || c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 {
-		errs = append(errs, errors.New("--body-timeout, --idle-timeout and --shutdown-grace must be positive, --drain-delay at least 0"))
+	if c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 {
+		errs = append(errs, errors.New("--idle-timeout and --shutdown-grace must be positive, --drain-delay at least 0"))
 	}
+	errs = append(errs, c.limits.Validate(), c.s3.Validate())
 	if c.planner.MaxPlanBytes <= 0 || c.planner.MaxPlanBytes > c.memoryBytes-c.cacheBytes {
 		errs = append(errs, errors.New("--max-plan-bytes must be positive and fit in --memory-bytes minus --cache-bytes"))
 	}

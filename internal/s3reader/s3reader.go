@@ -7,6 +7,7 @@ package s3reader
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -44,6 +45,35 @@ type Config struct {
 	RetryBudget time.Duration
 }
 
+// The defaults of the tunables, for flags and for a Config left at zero.
+const (
+	DefaultMaxInFlight = 64
+	DefaultReadTimeout = 30 * time.Second
+	DefaultRetryBudget = 60 * time.Second
+)
+
+// RegisterFlags registers the S3 flags on fs, with their defaults. Bucket and Prefix come from the
+// store URL (ParseURL).
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Endpoint, "s3-endpoint", "",
+		"S3-compatible endpoint `URL` (path-style addressing); default AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, then AWS")
+	fs.StringVar(&c.Region, "s3-region", "", "S3 region; default from the AWS chain (AWS_REGION, profile), else us-east-1")
+	fs.IntVar(&c.MaxInFlight, "s3-max-in-flight", DefaultMaxInFlight,
+		"most S3 requests in flight across all streams; the connection pool keeps as many idle")
+	fs.DurationVar(&c.ReadTimeout, "s3-read-timeout", DefaultReadTimeout,
+		"time one attempt of one S3 read may take, headers and body")
+	fs.DurationVar(&c.RetryBudget, "s3-retry-budget", DefaultRetryBudget,
+		"time one S3 read may spend retrying 5xx, SlowDown, resets and broken bodies")
+}
+
+// Validate reports the settings no store can run with.
+func (c *Config) Validate() error {
+	if c.MaxInFlight < 1 || c.ReadTimeout <= 0 || c.RetryBudget <= 0 {
+		return errors.New("--s3-max-in-flight, --s3-read-timeout and --s3-retry-budget must be positive")
+	}
+	return nil
+}
+
 // ParseURL reads s3://BUCKET/PREFIX.
 func ParseURL(raw string) (bucket, prefix string, err error) {
 	rest, ok := strings.CutPrefix(raw, "s3://")
@@ -72,13 +102,13 @@ var _ store.Store = (*Store)(nil)
 // shared profile, web identity for IRSA).
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = 64
+		cfg.MaxInFlight = DefaultMaxInFlight
 	}
 	if cfg.ReadTimeout <= 0 {
-		cfg.ReadTimeout = 30 * time.Second
+		cfg.ReadTimeout = DefaultReadTimeout
 	}
 	if cfg.RetryBudget <= 0 {
-		cfg.RetryBudget = 60 * time.Second
+		cfg.RetryBudget = DefaultRetryBudget
 	}
 	if cfg.Endpoint == "" {
 		cfg.Endpoint = firstEnv("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")

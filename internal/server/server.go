@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -78,6 +79,37 @@ type Limits struct {
 	BodyTimeout time.Duration
 }
 
+// The limits' defaults, for flags and for Limits left at zero.
+const (
+	DefaultMaxTensors     = 65536
+	DefaultMaxBlocks      = 1 << 20
+	DefaultMaxStreams     = 64
+	DefaultRequestTimeout = 30 * time.Minute
+	DefaultWriteTimeout   = time.Minute
+	DefaultBodyTimeout    = 30 * time.Second
+)
+
+// RegisterFlags registers the limits' flags on fs, with their defaults.
+func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
+	fs.IntVar(&l.MaxTensors, "max-tensors", DefaultMaxTensors, "tensors per request (413 above)")
+	fs.IntVar(&l.MaxBlocks, "max-blocks", DefaultMaxBlocks, "blocks per request, all tensors together (413 above)")
+	fs.IntVar(&l.MaxStreams, "max-streams", DefaultMaxStreams,
+		"requests planning or streaming at once, /v1/shards and /v1/plan together (503 with Retry-After above)")
+	fs.DurationVar(&l.RequestTimeout, "request-timeout", DefaultRequestTimeout, "longest a request may take, streaming included")
+	fs.DurationVar(&l.WriteTimeout, "write-timeout", DefaultWriteTimeout,
+		"longest one write to a client may take; a stalled client is cut off and its buffers freed")
+	fs.DurationVar(&l.BodyTimeout, "body-timeout", DefaultBodyTimeout,
+		"longest a client may take to send a request body (408 after it); a request takes its stream slot only once its body is in")
+}
+
+// Validate reports limits the server cannot run with.
+func (l *Limits) Validate() error {
+	if l.MaxTensors < 1 || l.MaxBlocks < 1 || l.MaxStreams < 1 || l.RequestTimeout <= 0 || l.WriteTimeout <= 0 || l.BodyTimeout <= 0 {
+		return errors.New("--max-tensors, --max-blocks, --max-streams and the timeouts must be positive")
+	}
+	return nil
+}
+
 // Server implements gen.ServerInterface.
 type Server struct {
 	cfg      Config
@@ -113,7 +145,7 @@ func New(cfg Config) *Server {
 		}
 	}
 	if l.BodyTimeout <= 0 {
-		l.BodyTimeout = 30 * time.Second
+		l.BodyTimeout = DefaultBodyTimeout
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, tracer: cfg.Tracer.Tracer("shardsrv/server"), streams: make(chan struct{}, l.MaxStreams)}
 	s.metrics = newMetrics(cfg.Meter, s)
