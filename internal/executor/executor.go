@@ -302,35 +302,14 @@ func (e *Executor) produce(ctx context.Context, seg *planner.Segment) (*[]byte, 
 		putBuf(buf)
 		return nil, err
 	}
-	if len(seg.Copies)+len(seg.Dequants)+len(seg.MXFP4s)+len(seg.LoRAs) > 0 {
-		_, span := e.tracer.Start(ctx, "gather", trace.WithAttributes(attribute.Int("copies", len(seg.Copies)), attribute.Int("dequants", len(seg.Dequants)), attribute.Int64("bytes", seg.Bytes)))
+	if len(seg.Kernels) > 0 {
+		_, span := e.tracer.Start(ctx, "gather", trace.WithAttributes(attribute.Int("kernels", len(seg.Kernels)),
+			attribute.Int64("bytes", seg.Bytes)))
 		defer span.End()
 	}
-	src := func(key string) spanSource { return spanSource{spans: spans, key: key} }
-	for _, c := range seg.Copies {
-		copyFn := tensor.Copy
-		if c.Nibbles {
-			copyFn = tensor.CopyNibbles
-		}
-		if err := copyFn(c.Pipeline, out[c.Dst:], src(c.Key), c.Src, c.Layout); err != nil {
-			putBuf(buf)
-			return nil, fmt.Errorf("internal error: the plan did not read what a copy needs: %w", err)
-		}
-	}
-	for _, l := range seg.LoRAs {
-		if err := l.Kernel.Run(out, src(l.WKey), src(l.AKey), src(l.BKey), l.Region); err != nil {
-			putBuf(buf)
-			return nil, fmt.Errorf("internal error: %w", err)
-		}
-	}
-	for _, m := range seg.MXFP4s {
-		if err := m.Kernel.Run(out, src(m.BlocksKey), src(m.ScalesKey), m.Region); err != nil {
-			putBuf(buf)
-			return nil, fmt.Errorf("internal error: %w", err)
-		}
-	}
-	for _, d := range seg.Dequants {
-		if err := d.Kernel.Run(out, src(d.WeightKey), src(d.ScaleKey), d.Region); err != nil {
+	files := func(key string) tensor.Source { return spanSource{spans: spans, key: key} }
+	for _, k := range seg.Kernels {
+		if err := k.Run(out, files); err != nil {
 			putBuf(buf)
 			return nil, fmt.Errorf("internal error: %w", err)
 		}

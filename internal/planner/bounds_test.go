@@ -539,14 +539,10 @@ func execute(t *testing.T, p *Plan, file []byte) []byte {
 			for _, r := range seg.Direct {
 				copy(out[r.Dst:r.Dst+r.Length], file[r.Offset:r.Offset+r.Length])
 			}
-			src := func(key string) spanSet { return spanSet{spans: seg.Spans, key: key, file: file} }
-			for _, c := range seg.Copies {
-				copyFn := tensor.Copy
-				if c.Nibbles {
-					copyFn = tensor.CopyNibbles
-				}
-				if err := copyFn(c.Pipeline, out[c.Dst:], src(c.Key), c.Src, c.Layout); err != nil {
-					t.Fatalf("copy %+v: %v", c, err)
+			src := func(key string) tensor.Source { return spanSet{spans: seg.Spans, key: key, file: file} }
+			for _, k := range seg.Kernels {
+				if err := k.Run(out, src); err != nil {
+					t.Fatalf("%v: %v", k, err)
 				}
 			}
 		}
@@ -596,7 +592,7 @@ func checkValues(t *testing.T, req *api.ShardRequest, ck *checkpoint.Checkpoint,
 			continue
 		}
 		elem := int64(spec.dtype.Size())
-		n, _ := product(it.Lengths)
+		n, _ := tensor.CheckedProduct(it.Lengths...)
 		x := make([]int64, len(it.Lengths))
 		want := make([]byte, elem)
 		for e := range n {

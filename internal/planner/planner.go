@@ -155,37 +155,15 @@ type Segment struct {
 	Output int64 // offset in the body
 	Bytes  int64
 	// Fill is the encoded fill element to write over the segment first, nil when blocks cover it.
+	// It is not a kernel: it must be written before the direct reads land in the buffer.
 	Fill []byte
 	// Direct reads land straight in the segment buffer at Dst.
 	Direct []Read
-	// Spans are read into buffers the Copies and Dequants gather from.
-	Spans    []Read
-	Copies   []Copy
-	Dequants []Dequant
-	MXFP4s   []MXFP4
-	LoRAs    []LoRA
-}
-
-// LoRA computes one box of a merged LoRA weight; the box is all of the segment.
-type LoRA struct {
-	Kernel           *tensor.LoRA
-	WKey, AKey, BKey string
-	Region           tensor.LoRARegion
-}
-
-// MXFP4 computes one box of an MXFP4-dequantized tensor from the span buffers; the box is all of
-// the segment.
-type MXFP4 struct {
-	Kernel               *tensor.MXFP4
-	BlocksKey, ScalesKey string
-	Region               tensor.MXRegion
-}
-
-// Dequant computes one box of a block-dequantized tensor from the span buffers.
-type Dequant struct {
-	Kernel              *tensor.BlockDequant
-	WeightKey, ScaleKey string
-	Region              tensor.Region // the box, which is all of the segment
+	// Spans are read into buffers the kernels read from.
+	Spans []Read
+	// Kernels write the rest of the segment from the spans, in order: strided copies of block
+	// overlaps, or the one box of a completion.
+	Kernels []Kernel
 }
 
 // Read is one byte range of a file.
@@ -197,17 +175,6 @@ type Read struct {
 	Dst     int64 // offset in the segment buffer, for direct reads
 	// Needed is how many of the bytes the plan uses; the rest are gaps read to save requests.
 	Needed int64
-}
-
-// Copy moves one block overlap from the span buffers into the segment buffer.
-type Copy struct {
-	Pipeline *tensor.Pipeline
-	Key      string
-	Src      int64 // file offset of the overlap's first element (in nibbles when Nibbles)
-	Dst      int64 // offset in the segment buffer
-	Layout   tensor.Strided
-	// Nibbles: the source is packed F4; Src and the layout's source strides count half bytes.
-	Nibbles bool
 }
 
 // New validates req against ck and plans it.
@@ -252,7 +219,7 @@ func newPlan(c *checker, req *api.ShardRequest, ck *checkpoint.Checkpoint, opts 
 			if c.tick(1) {
 				return nil, c.err
 			}
-			n, _ := product(box.Lengths)
+			n, _ := tensor.CheckedProduct(box.Lengths...)
 			p.Items = append(p.Items, Item{Tensor: spec.index, Box: b, Name: spec.name, StoredName: name, DType: spec.dtype,
 				Offsets: box.Offsets, Lengths: box.Lengths, Bytes: n * int64(spec.dtype.Size())})
 		}
@@ -317,8 +284,11 @@ const (
 	pieceSize   = int64(unsafe.Sizeof(Piece{}))
 	segmentSize = int64(unsafe.Sizeof(Segment{}))
 	readSize    = int64(unsafe.Sizeof(Read{}))
-	copySize    = int64(unsafe.Sizeof(Copy{}))
-	kernelSize  = int64(unsafe.Sizeof(LoRA{})) + int64(unsafe.Sizeof(tensor.LoRARegion{})) // the largest kernel and its region
+	copySize    = int64(unsafe.Sizeof(stridedCopy{}))
+	kernelSize  = int64(unsafe.Sizeof(Kernel(nil)))
+	// completionSize bounds a completion's kernel: a pointer to its spec and a box of a few
+	// dimensions.
+	completionSize = 128
 )
 
 // memory estimates the bytes a plan holds: its structs and the arrays they point to (strings
@@ -345,10 +315,14 @@ func piecesMemory(pieces []Piece) int64 {
 }
 
 func segmentMemory(seg *Segment) int64 {
-	n := segmentSize + int64(len(seg.Fill)) + int64(cap(seg.Direct)+cap(seg.Spans))*readSize + int64(cap(seg.Copies))*copySize
-	n += int64(cap(seg.Dequants)+cap(seg.MXFP4s)+cap(seg.LoRAs)) * kernelSize
-	for _, c := range seg.Copies {
-		n += 8 * int64(cap(c.Layout.Lengths)+cap(c.Layout.Src)+cap(c.Layout.Dst))
+	n := segmentSize + int64(len(seg.Fill)) + int64(cap(seg.Direct)+cap(seg.Spans))*readSize
+	n += int64(cap(seg.Kernels)) * kernelSize
+	for _, k := range seg.Kernels {
+		if c, ok := k.(*stridedCopy); ok { // the copies of a segment share one array
+			n += copySize + 8*int64(cap(c.layout.Lengths)+cap(c.layout.Src)+cap(c.layout.Dst))
+		} else {
+			n += completionSize
+		}
 	}
 	return n
 }
@@ -366,7 +340,7 @@ func (s *segmenter) piecesOf(spec *tensorSpec, it *Item) ([]Piece, error) {
 		return nil, nil
 	}
 	if d := spec.deferred; d != nil {
-		return []Piece{{Block: -1, Source: d.weight.Name, Offsets: it.Offsets, Lengths: it.Lengths}}, nil
+		return []Piece{{Block: -1, Source: d.sources[0].Name, Offsets: it.Offsets, Lengths: it.Lengths}}, nil
 	}
 	s.hits = spec.lookup.query(it.Offsets, it.Lengths, s.hits[:0], s.c)
 	if s.c.err != nil {

@@ -42,7 +42,7 @@ func fileEnd(ck *checkpoint.Checkpoint) int64 {
 }
 
 // checkInvariants: the body is tiled in order by items and segments, no read leaves the file, and
-// every copy finds all its source bytes in the spans its segment reads.
+// every kernel finds all its source bytes in the spans its segment reads.
 func checkInvariants(t *testing.T, p *Plan, ck *checkpoint.Checkpoint) {
 	t.Helper()
 	pos := int64(len(p.Header))
@@ -73,9 +73,9 @@ func checkInvariants(t *testing.T, p *Plan, ck *checkpoint.Checkpoint) {
 				src = append(src, tensor.BytesSource{Off: r.Offset, Data: make([]byte, r.Length)})
 			}
 			out := make([]byte, seg.Bytes)
-			for _, c := range seg.Copies {
-				if err := tensor.Copy(c.Pipeline, out[c.Dst:], src, c.Src, c.Layout); err != nil {
-					t.Fatalf("copy %+v: %v", c, err)
+			for _, k := range seg.Kernels {
+				if err := k.Run(out, func(string) tensor.Source { return src }); err != nil {
+					t.Fatalf("%v: %v", k, err)
 				}
 			}
 		}

@@ -27,8 +27,9 @@ type segmenter struct {
 	o, l      []int64
 	runsBuf   [][2]int64
 	spansBuf  [][3]int64
-	odometer  []int64
-	copies    []Copy
+	odometer  tensor.Odometer
+	regions   []Region
+	copies    []stridedCopy
 	directs   []Read
 	pending   []Read
 	lay       scratch // a copy's layout before it is kept
@@ -80,11 +81,11 @@ func (s *segmenter) count(lengths []int64, elem int64) (int64, bool) {
 		return 1, true
 	}
 	k, chunk, _ := s.cut(lengths, elem)
-	n, ok := product(lengths[:k])
+	n, ok := tensor.CheckedProduct(lengths[:k]...)
 	if !ok {
 		return 0, false
 	}
-	return mul(n, (lengths[k]+chunk-1)/chunk)
+	return tensor.CheckedMul(n, (lengths[k]+chunk-1)/chunk)
 }
 
 // segment cuts an item into row-major runs of the box that are boxes themselves: fixed indices on
@@ -97,36 +98,24 @@ func (s *segmenter) segment(spec *tensorSpec, it *Item) error {
 		return s.emit(spec, it, nil, nil, it.Output)
 	}
 	k, chunk, step := s.cut(it.Lengths, elem)
-	idx := make([]int64, k) // odometer over the dimensions before k
-	for {
-		var out int64
-		for a := range k {
-			out += idx[a] * step[a]
-		}
+	var o tensor.Odometer // over the dimensions before k, carrying the output offset
+	o.Reset(it.Lengths[:k], step[:k], step[:k], it.Output, 0)
+	for more := true; more; more = o.Next() {
 		for j := int64(0); j < it.Lengths[k]; j += chunk {
 			off := slices.Clone(it.Offsets)
 			lens := slices.Clone(it.Lengths)
 			for a := range k {
-				off[a] += idx[a]
+				off[a] += o.Index[a]
 				lens[a] = 1
 			}
 			off[k] += j
 			lens[k] = min(chunk, it.Lengths[k]-j)
-			if err := s.emit(spec, it, off, lens, it.Output+out+j*step[k]); err != nil {
+			if err := s.emit(spec, it, off, lens, o.Src+j*step[k]); err != nil {
 				return err
 			}
 		}
-		a := k - 1
-		for ; a >= 0; a-- {
-			if idx[a]++; idx[a] < it.Lengths[a] {
-				break
-			}
-			idx[a] = 0
-		}
-		if a < 0 {
-			return nil
-		}
 	}
+	return nil
 }
 
 // emit plans one segment, halving it while it would read more than SegmentReadBytes.
@@ -161,7 +150,7 @@ func (s *segmenter) emit(spec *tensorSpec, it *Item, off, lens []int64, out int6
 			if err := s.emit(spec, it, off, lo, out); err != nil {
 				return err
 			}
-			loBytes, _ := product(lo)
+			loBytes, _ := tensor.CheckedProduct(lo...)
 			return s.emit(spec, it, hiOff, hi, out+loBytes*int64(spec.dtype.Size()))
 		}
 	}
@@ -190,7 +179,7 @@ const compactReads = 1 << 14
 // the overlaps it plans (copies, direct runs and completion kernels).
 func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segment, int64, int64, error) {
 	elem := int64(spec.dtype.Size())
-	total, _ := product(lens)
+	total, _ := tensor.CheckedProduct(lens...)
 	seg := Segment{Output: out, Bytes: total * elem}
 	dstStrides := rowStrides(lens, elem)
 	spans := s.pending[:0] // gather reads, coalesced every so often
@@ -284,21 +273,18 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 	if err := flush(); err != nil {
 		return seg, 0, 0, err
 	}
-	if len(s.copies) > 0 {
-		seg.Copies = slices.Clone(s.copies)
+	if len(s.copies) > 0 { // one array for the copies, one for the kernels
+		copies := slices.Clone(s.copies)
+		seg.Kernels = make([]Kernel, len(copies))
+		for i := range copies {
+			seg.Kernels[i] = &copies[i]
+		}
 	}
 	if len(s.directs) > 0 {
 		seg.Direct = slices.Clone(s.directs)
 	}
 	if d := spec.deferred; d != nil {
-		plan := s.dequantSegment
-		switch {
-		case d.mx != nil:
-			plan = s.mxfp4Segment
-		case d.lora != nil:
-			plan = s.loraSegment
-		}
-		n, sp, err := plan(d, off, lens, &seg)
+		n, sp, err := s.completionSegment(d, off, lens, &seg)
 		if err != nil {
 			return seg, 0, 0, err
 		}
@@ -334,18 +320,15 @@ func (s *segmenter) plan1(b *blockSpec, layout tensor.Strided, src, dst int64, s
 		}
 		return nil
 	}
-	s.copies = append(s.copies, Copy{Pipeline: b.pipeline, Key: b.src.Key, Src: src, Dst: dst, Layout: layout, Nibbles: b.nibbles})
-	sp, err := s.spans(layout, src, srcElem)
-	if err != nil {
-		return err
-	}
-	if b.nibbles { // nibble ranges to the bytes that hold them
-		for i, r := range sp {
-			lo, hi := r[0]>>1, (r[0]+r[1]+1)>>1
-			sp[i] = [3]int64{lo, hi - lo, min(hi-lo, r[2])} // r[2] nibbles lie in at most r[2] bytes
+	s.copies = append(s.copies, stridedCopy{pipeline: b.pipeline, source: b.src, src: src, dst: dst, layout: layout,
+		nibbles: b.nibbles})
+	var err error
+	s.regions = s.copies[len(s.copies)-1].Sources(s.regions[:0])
+	for _, r := range s.regions {
+		if *spans, err = s.regionReads(*spans, r); err != nil {
+			return err
 		}
 	}
-	*spans = s.reads(*spans, b.src, sp)
 	if len(*spans) > *compactAt {
 		*spans = coalesce(*spans, s.opts)
 		*compactAt = max(compactReads, 2*len(*spans))
@@ -459,6 +442,22 @@ func simplify(lengths, src, dst []int64) tensor.Strided {
 	return out
 }
 
+// regionReads appends to out the reads of a source region: the byte ranges spans merges it into,
+// rounded out to whole bytes for nibbles.
+func (s *segmenter) regionReads(out []Read, r Region) ([]Read, error) {
+	sp, err := s.spans(tensor.Strided{Lengths: r.Lengths, Src: r.Strides}, r.Start, r.Elem)
+	if err != nil {
+		return out, err
+	}
+	if r.Nibbles { // nibble ranges to the bytes that hold them
+		for i, x := range sp {
+			lo, hi := x[0]>>1, (x[0]+x[1]+1)>>1
+			sp[i] = [3]int64{lo, hi - lo, min(hi-lo, x[2])} // x[2] nibbles lie in at most x[2] bytes
+		}
+	}
+	return s.reads(out, r.Tensor, sp), nil
+}
+
 // reads appends to out a tensor's byte ranges (offset, length, needed) as reads, aligned to the
 // cache's chunks when the cache is on and the aligned read stays within MaxOverread times what it
 // needs.
@@ -467,7 +466,7 @@ func (s *segmenter) reads(out []Read, t *checkpoint.Tensor, ranges [][3]int64) [
 		off, end := r[0], r[0]+r[1]
 		if a := s.opts.Align; a > 0 {
 			ao, ae := off/a*a, min((end+a-1)/a*a, s.fileEnd(t.Key))
-			if limit, ok := mul(s.opts.MaxOverread, r[2]); !ok || ae-ao <= limit {
+			if limit, ok := tensor.CheckedMul(s.opts.MaxOverread, r[2]); !ok || ae-ao <= limit {
 				off, end = ao, max(ae, end)
 			}
 		}
@@ -510,7 +509,7 @@ func directRun(l tensor.Strided, elem int64, identity bool) (int64, bool) {
 // refusing before it allocates when they would take the plan past MaxReads reads (planned counts
 // the reads already planned). The result is scratch, valid until the next call.
 func (s *segmenter) runs(lengths, src, dst []int64, srcAt, dstAt, planned int64) ([][2]int64, error) {
-	count, ok := product(lengths)
+	count, ok := tensor.CheckedProduct(lengths...)
 	if !ok || count > s.opts.MaxReads-planned {
 		if !ok {
 			count = math.MaxInt64
@@ -521,27 +520,11 @@ func (s *segmenter) runs(lengths, src, dst []int64, srcAt, dstAt, planned int64)
 		return nil, s.c.err
 	}
 	out := s.runsBuf[:0]
-	if cap(s.odometer) < len(lengths) {
-		s.odometer = make([]int64, len(lengths))
-	}
-	idx := s.odometer[:len(lengths)]
-	clear(idx)
-	defer func() { s.runsBuf = out[:0] }()
-	for {
-		out = append(out, [2]int64{srcAt, dstAt})
-		d := len(lengths) - 1
-		for ; d >= 0; d-- {
-			idx[d]++
-			srcAt += src[d]
-			dstAt += dst[d]
-			if idx[d] < lengths[d] {
-				break
-			}
-			srcAt -= src[d] * lengths[d]
-			dstAt -= dst[d] * lengths[d]
-			idx[d] = 0
-		}
-		if d < 0 {
+	o := &s.odometer
+	for o.Reset(lengths, src, dst, srcAt, dstAt); ; {
+		out = append(out, [2]int64{o.Src, o.Dst})
+		if !o.Next() {
+			s.runsBuf = out[:0]
 			return out, nil
 		}
 	}
@@ -555,7 +538,7 @@ func worthMerging(opts Options, gap, extent, needed int64) bool {
 	if r <= 0 {
 		r = DefaultMaxOverread
 	}
-	limit, ok := mul(r, needed)
+	limit, ok := tensor.CheckedMul(r, needed)
 	return gap <= opts.MaxGap && (!ok || extent <= limit)
 }
 

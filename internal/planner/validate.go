@@ -3,7 +3,6 @@ package planner
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"strconv"
 	"unsafe"
 
@@ -57,29 +56,11 @@ func (e *errs) add(ptr, format string, args ...any) {
 
 func (e *errs) ok() bool { return len(e.Errors) == 0 }
 
-// checked int64 arithmetic: any overflow is a 422, never a wraparound.
-func mul(a, b int64) (int64, bool) {
-	if a < 0 || b < 0 {
-		return 0, false
-	}
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	return int64(lo), hi == 0 && lo <= math.MaxInt64
-}
-
+// add is checked int64 addition: any overflow is a 422, never a wraparound (tensor.CheckedMul
+// and tensor.CheckedProduct multiply).
 func add(a, b int64) (int64, bool) {
 	s := a + b
 	return s, (s >= a) == (b >= 0)
-}
-
-func product(xs []int64) (int64, bool) {
-	p := int64(1)
-	for _, x := range xs {
-		var ok bool
-		if p, ok = mul(p, x); !ok {
-			return 0, false
-		}
-	}
-	return p, true
 }
 
 // tensorSpec is a validated destination tensor.
@@ -167,7 +148,7 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 	if len(e.Errors) > before {
 		return spec, false
 	}
-	if n, ok := product(t.Shape); !ok || n > math.MaxInt64/8 {
+	if n, ok := tensor.CheckedProduct(t.Shape...); !ok || n > math.MaxInt64/8 {
 		e.add(ptr+"/shape", "shape %v has more elements than this service can address", t.Shape)
 		return spec, false
 	}
@@ -336,7 +317,7 @@ func validateBlock(e *errs, ptr elemPtr, index int, b *api.Block, shape []int64,
 		last, ok := b.Base[s], true
 		for a, c := range b.Coeff[s] {
 			var step int64
-			if step, ok = mul(c, b.Lengths[a]-1); !ok {
+			if step, ok = tensor.CheckedMul(c, b.Lengths[a]-1); !ok {
 				break
 			}
 			if last, ok = add(last, step); !ok {
@@ -435,7 +416,7 @@ func checkOverlaps(e *errs, ptr string, blocks []blockSpec, idx *blockIndex, c *
 // uncovered counts the elements of a box no block covers; blocks do not overlap, so it is the
 // box's volume less the volumes of its overlaps. hits is scratch for the index, returned grown.
 func uncovered(box api.Box, blocks []blockSpec, idx *blockIndex, hits []int32, c *checker) (int64, []int32) {
-	total, _ := product(box.Lengths)
+	total, _ := tensor.CheckedProduct(box.Lengths...)
 	hits = idx.query(box.Offsets, box.Lengths, hits, c)
 	for _, j := range hits {
 		b := &blocks[j]

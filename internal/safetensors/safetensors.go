@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/bits"
 	"sort"
 	"strconv"
 	"unicode/utf16"
@@ -135,12 +133,12 @@ func Parse(file string, header []byte, fileSize int64) (*Header, error) {
 		}
 		nbits, ok := int64(1), true
 		for _, d := range t.Shape {
-			nbits, ok = mulChecked(nbits, d)
+			nbits, ok = tensor.CheckedMul(nbits, d)
 			if !ok {
 				return nil, fail(t.Name, "shape %v overflows", t.Shape)
 			}
 		}
-		if nbits, ok = mulChecked(nbits, bitSizes[t.DTypeName]); !ok {
+		if nbits, ok = tensor.CheckedMul(nbits, bitSizes[t.DTypeName]); !ok {
 			return nil, fail(t.Name, "shape %v overflows", t.Shape)
 		}
 		if nbits%8 != 0 {
@@ -265,14 +263,6 @@ func intList(raw json.RawMessage) ([]int64, error) {
 		out[i] = v
 	}
 	return out, nil
-}
-
-func mulChecked(a, b int64) (int64, bool) {
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi != 0 || lo > math.MaxInt64 {
-		return 0, false
-	}
-	return int64(lo), true
 }
 
 // Entry is one tensor of a file being written; offsets are relative to the byte buffer.

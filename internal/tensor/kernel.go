@@ -72,28 +72,61 @@ func Copy(p *Pipeline, dst []byte, src Source, srcOff int64, s Strided) error {
 // least one dimension), advancing an odometer over the outer dimensions.
 func walkRuns(s Strided, run func(srcAt, dstAt int64) error) error {
 	inner := len(s.Lengths) - 1
-	idx := make([]int64, inner)
-	var srcAt, dstAt int64
+	var o Odometer
+	o.Reset(s.Lengths[:inner], s.Src[:inner], s.Dst[:inner], 0, 0)
 	for {
-		if err := run(srcAt, dstAt); err != nil {
+		if err := run(o.Src, o.Dst); err != nil {
 			return err
 		}
-		d := inner - 1
-		for ; d >= 0; d-- {
-			idx[d]++
-			srcAt += s.Src[d]
-			dstAt += s.Dst[d]
-			if idx[d] < s.Lengths[d] {
-				break
-			}
-			srcAt -= s.Src[d] * s.Lengths[d]
-			dstAt -= s.Dst[d] * s.Lengths[d]
-			idx[d] = 0
-		}
-		if d < 0 {
+		if !o.Next() {
 			return nil
 		}
 	}
+}
+
+// Odometer steps through every index of a box in row-major order (the last dimension fastest),
+// carrying two offsets along: Src and Dst move by the strides of the dimension that steps. It is
+// the one index-stepping loop of the service: the copy kernel walks its runs with it, the planner
+// its segments and read runs. The zero value is ready for Reset; Reset reuses Index.
+//
+//	o.Reset(lengths, src, dst, srcAt, dstAt)
+//	for ok := true; ok; ok = o.Next() {
+//		use(o.Index, o.Src, o.Dst)
+//	}
+type Odometer struct {
+	Index    []int64 // the current index, one entry per dimension
+	Src, Dst int64   // the offsets at Index
+	lengths  []int64
+	src, dst []int64
+}
+
+// Reset starts at index zero of a box of these lengths, each at least one (no dimensions: a
+// single index), with offsets srcAt and dstAt; src and dst hold a stride per dimension.
+func (o *Odometer) Reset(lengths, src, dst []int64, srcAt, dstAt int64) {
+	if cap(o.Index) < len(lengths) {
+		o.Index = make([]int64, len(lengths))
+	}
+	o.Index = o.Index[:len(lengths)]
+	clear(o.Index)
+	o.lengths, o.src, o.dst = lengths, src, dst
+	o.Src, o.Dst = srcAt, dstAt
+}
+
+// Next steps to the following index and reports whether there is one; after the last it returns
+// false with Index back at zero.
+func (o *Odometer) Next() bool {
+	for d := len(o.lengths) - 1; d >= 0; d-- {
+		o.Index[d]++
+		o.Src += o.src[d]
+		o.Dst += o.dst[d]
+		if o.Index[d] < o.lengths[d] {
+			return true
+		}
+		o.Src -= o.src[d] * o.lengths[d]
+		o.Dst -= o.dst[d] * o.lengths[d]
+		o.Index[d] = 0
+	}
+	return false
 }
 
 // Fill writes pattern (one encoded element) over all of dst.

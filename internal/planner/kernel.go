@@ -1,0 +1,94 @@
+package planner
+
+import (
+	"fmt"
+
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/tensor"
+)
+
+// A Kernel writes part of a segment from source bytes: a strided copy of a block overlap, or a
+// box of a completion. The planner emits each segment's kernels and plans the reads of the
+// regions their Sources name; the executor reads them and runs the kernels in order, all alike.
+type Kernel interface {
+	// Sources appends the regions of source tensors the kernel reads to dst.
+	Sources(dst []Region) []Region
+	// Run writes the kernel's output into the segment buffer seg from the bytes read for it.
+	Run(seg []byte, files Files) error
+	// String describes the kernel in one line, for plan dumps and tests.
+	String() string
+}
+
+// Files finds a file's bytes, by store key, among those read for a segment.
+type Files func(key string) tensor.Source
+
+// Region is a strided part of one source tensor: the file offset of its first element and, per
+// dimension, a length and a byte stride. With Nibbles the tensor is packed F4 and Start and the
+// strides count half bytes. The planner reads a region as it is given: simplify it first.
+type Region struct {
+	Tensor  *checkpoint.Tensor
+	Start   int64
+	Lengths []int64
+	Strides []int64
+	Elem    int64 // bytes of one element (1 with Nibbles)
+	Nibbles bool
+}
+
+// region is a Region with its length-one dimensions dropped and each dimension merged into the
+// one outside it where the source is contiguous across the pair, as completions read them.
+func region(t *checkpoint.Tensor, start, elem int64, lengths, strides []int64) Region {
+	s := tensor.Strided{Lengths: lengths, Src: strides, Dst: make([]int64, len(lengths))}.Simplify()
+	return Region{Tensor: t, Start: start, Lengths: s.Lengths, Strides: s.Src, Elem: elem}
+}
+
+// stridedCopy moves one block overlap (or consecutive overlaps fused) from the read buffers into
+// the segment buffer through the block's conversion.
+type stridedCopy struct {
+	pipeline *tensor.Pipeline
+	source   *checkpoint.Tensor
+	src      int64 // file offset of the overlap's first element (in nibbles when nibbles)
+	dst      int64 // offset in the segment buffer
+	layout   tensor.Strided
+	// nibbles: the source is packed F4; src and the layout's source strides count half bytes.
+	nibbles bool
+}
+
+func (c *stridedCopy) Sources(dst []Region) []Region {
+	elem := int64(c.source.DType.Size())
+	if c.nibbles {
+		elem = 1
+	}
+	return append(dst, Region{Tensor: c.source, Start: c.src, Lengths: c.layout.Lengths, Strides: c.layout.Src,
+		Elem: elem, Nibbles: c.nibbles})
+}
+
+func (c *stridedCopy) Run(seg []byte, files Files) error {
+	copyFn := tensor.Copy
+	if c.nibbles {
+		copyFn = tensor.CopyNibbles
+	}
+	if err := copyFn(c.pipeline, seg[c.dst:], files(c.source.Key), c.src, c.layout); err != nil {
+		return fmt.Errorf("the plan did not read what a copy needs: %w", err)
+	}
+	return nil
+}
+
+func (c *stridedCopy) String() string {
+	unit, conv := "", "as is"
+	if c.nibbles {
+		unit = " nibbles"
+	}
+	if !c.pipeline.Identity() {
+		conv = "converted"
+	}
+	return fmt.Sprintf("copy %s %s@%d%s -> %d lengths %v src %v dst %v %s", c.source.DTypeName, c.source.Name,
+		c.src-c.base(), unit, c.dst, c.layout.Lengths, c.layout.Src, c.layout.Dst, conv)
+}
+
+// base is the file offset of the source tensor's first element, in the unit of src.
+func (c *stridedCopy) base() int64 {
+	if c.nibbles {
+		return 2 * c.source.Begin
+	}
+	return c.source.Begin
+}
