@@ -48,6 +48,7 @@ python: build
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/safetensors
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime $(FUZZTIME) ./internal/planner
+	$(GO) test -run '^$$' -fuzz '^FuzzShardRequest$$' -fuzztime $(FUZZTIME) ./internal/server
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: run 'gofmt -w .'"; exit 1; }
