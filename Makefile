@@ -11,7 +11,7 @@ BIN := bin/shardsrv
 ADDR ?= localhost:8080
 FUZZTIME ?= 10s
 
-.PHONY: all build run test unit fuzz lint generate bench clean tools image python
+.PHONY: all build run test unit fuzz fuzz-http lint generate bench clean tools image python
 
 all: build
 
@@ -48,6 +48,11 @@ python: build
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/safetensors
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime $(FUZZTIME) ./internal/planner
+
+## fuzz-http: fuzz whole requests through the HTTP handler (FUZZTIME=5m make fuzz-http). Its inputs
+## take up to seconds each, more than a brief run in `make test` allows; there its seed corpus runs
+## as an ordinary test of every kind of request.
+fuzz-http:
 	$(GO) test -run '^$$' -fuzz '^FuzzShardRequest$$' -fuzztime $(FUZZTIME) ./internal/server
 
 lint:
