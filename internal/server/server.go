@@ -641,6 +641,30 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (_ *api.ShardReq
 	return &req, release, nil
 }
 
+// admitAndPlan decodes a request, takes a slot — only now, so a client slow to send its body holds
+// none — and plans it. When ok, done gives back the slot and the memory the body and plan hold;
+// otherwise the problem was written.
+func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, forStream bool) (plan *planner.Plan, done func(), ok bool) {
+	req, releaseBody, p := s.decode(w, r)
+	if p != nil {
+		writeProblem(w, r, p)
+		return nil, nil, false
+	}
+	releaseSlot, ok := s.admit(w, r)
+	if !ok {
+		releaseBody()
+		return nil, nil, false
+	}
+	plan, releasePlan, p := s.plan(r, req, forStream)
+	if p != nil {
+		releaseSlot()
+		releaseBody()
+		writeProblem(w, r, p)
+		return nil, nil, false
+	}
+	return plan, func() { releasePlan(); releaseSlot(); releaseBody() }, true
+}
+
 // plan resolves and plans a decoded request, under the request's context. The plan's memory is
 // charged to the executor's budget: all a plan may grow to while it is built, then what it holds;
 // release gives that back once the plan is no longer used. A plan for a stream carries no pieces
@@ -684,23 +708,11 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
 	r = r.WithContext(ctx)
-	req, releaseBody, p := s.decode(w, r)
-	if p != nil {
-		writeProblem(w, r, p)
-		return
-	}
-	defer releaseBody()
-	release, ok := s.admit(w, r) // only now: a client slow to send its body holds no slot
+	plan, done, ok := s.admitAndPlan(w, r, true)
 	if !ok {
 		return
 	}
-	defer release()
-	plan, releasePlan, p := s.plan(r, req, true)
-	if p != nil {
-		writeProblem(w, r, p)
-		return
-	}
-	defer releasePlan()
+	defer done()
 	start := time.Now()
 	s.metrics.streams.Add(ctx, 1)
 	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
@@ -749,23 +761,11 @@ func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
 	r = r.WithContext(ctx)
-	req, releaseBody, p := s.decode(w, r)
-	if p != nil {
-		writeProblem(w, r, p)
-		return
-	}
-	defer releaseBody()
-	release, ok := s.admit(w, r)
+	plan, done, ok := s.admitAndPlan(w, r, false)
 	if !ok {
 		return
 	}
-	defer release()
-	plan, releasePlan, p := s.plan(r, req, false)
-	if p != nil {
-		writeProblem(w, r, p)
-		return
-	}
-	defer releasePlan()
+	defer done()
 	// The report is built and encoded whole: charge it too, at about reportEntryBytes a read or
 	// piece (the Go values and their JSON).
 	var entries int64
