@@ -66,6 +66,9 @@ func New(s store.Store, cfg Config) *Executor {
 		memoryBytes: cfg.MemoryBytes, admitWait: cfg.AdmitWait, tracer: cfg.Tracer}
 }
 
+// Budget is the memory budget, in bytes.
+func (e *Executor) Budget() int64 { return e.memoryBytes }
+
 // BytesInFlight is how much of the memory budget buffers hold now.
 func (e *Executor) BytesInFlight() int64 { return e.inFlight.Load() }
 

@@ -684,6 +684,8 @@ func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (p
 	if opts.MaxPlanBytes <= 0 {
 		opts.MaxPlanBytes = planner.DefaultMaxPlanBytes
 	}
+	// One plan never takes more than a quarter of the budget, so bodies and streams keep room.
+	opts.MaxPlanBytes = max(1, min(opts.MaxPlanBytes, s.cfg.Executor.Budget()/4))
 	giveBack, err := s.cfg.Executor.Reserve(r.Context(), opts.MaxPlanBytes)
 	if err != nil {
 		return nil, nil, toProblem(err)
