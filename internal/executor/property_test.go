@@ -36,7 +36,7 @@ func isSigned(d tensor.DType) bool {
 	return d == tensor.I8 || d == tensor.I16 || d == tensor.I32 || d == tensor.I64
 }
 
-// round32 rounds a float64 to dtype d (at most 32 bits) the way DESIGN §3 says: to float32 first.
+// round32 rounds a float64 to dtype d (at most 32 bits) the way docs/numerics.md says: to float32 first.
 func round32(d tensor.DType, x float64) float64 {
 	f := float32(x)
 	switch d {
@@ -141,7 +141,7 @@ func store1(d tensor.DType, v value) []byte {
 	return out
 }
 
-// evaluate is post(source) then the store into dst, element by element, straight from DESIGN §3.
+// evaluate is post(source) then the store into dst, element by element, straight from docs/numerics.md.
 func evaluate(src tensor.DType, ops []tensor.Op, dst tensor.DType, b []byte) []byte {
 	v := load(src, b)
 	w := src

@@ -1,5 +1,5 @@
 // Package planner turns a shard request and a resolved checkpoint into a plan: it validates the
-// request (DESIGN §2, with a JSON pointer per error), cuts every box into segments of bounded size
+// request (docs/contract.md, with a JSON pointer per error), cuts every box into segments of bounded size
 // produced in output order, intersects each segment with the blocks, and turns each overlap into a
 // strided copy and the byte ranges of the file it reads, coalesced across small gaps and split
 // when long. It is pure: no I/O, no clocks, the same plan for the same inputs.
@@ -113,7 +113,7 @@ type Plan struct {
 	Items []Item
 	// BodyBytes is the exact Content-Length.
 	BodyBytes int64
-	// NeededBytes, ReadBytes and ReadRequests are the plan summary of DESIGN §2.
+	// NeededBytes, ReadBytes and ReadRequests are the plan summary of docs/contract.md.
 	NeededBytes  int64
 	ReadBytes    int64
 	ReadRequests int64
@@ -145,7 +145,7 @@ type Piece struct {
 	Source  string
 	Offsets []int64
 	Lengths []int64
-	// Direct is the seed's _direct_axes: every varying dimension walks a source dimension of its
+	// Direct is hyper_parallel's _direct_axes (docs/references.md §1): every varying dimension walks a source dimension of its
 	// own with step 1 and no post op applies.
 	Direct bool
 }
@@ -372,7 +372,7 @@ func (s *segmenter) piecesOf(spec *tensorSpec, it *Item) ([]Piece, error) {
 	return out, nil
 }
 
-// directAxes is the seed's _direct_axes: true when no post op applies and every destination
+// directAxes is hyper_parallel's _direct_axes (docs/references.md §1): true when no post op applies and every destination
 // dimension longer than one walks a source dimension of its own with step 1.
 func directAxes(b *blockSpec, lengths []int64) bool {
 	if b.Post != nil && len(*b.Post) > 0 {

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -95,7 +96,7 @@ type blockSpec struct {
 	nibbles bool
 }
 
-// validate checks a request against DESIGN §2 and the checkpoint, and returns what planning needs.
+// validate checks a request against docs/contract.md and the checkpoint, and returns what planning needs.
 // The error is a *ValidationError, or the context's error when c stops planning.
 func validate(req *api.ShardRequest, ck *checkpoint.Checkpoint, c *checker) ([]tensorSpec, error) {
 	e := &errs{}
@@ -344,8 +345,10 @@ func validateBlock(e *errs, ptr elemPtr, index int, b *api.Block, shape []int64,
 			pipelines[[2]tensor.DType{from, dst}] = p
 		}
 		if err != nil {
-			pe := err.(*tensor.PipelineError)
-			if pe.Op >= 0 {
+			var pe *tensor.PipelineError
+			if !errors.As(err, &pe) {
+				e.add(ptr.String(), "%v", err)
+			} else if pe.Op >= 0 {
 				e.add(fmt.Sprintf("%s/post/%d", ptr, pe.Op), "%s", pe.Msg)
 			} else {
 				e.add(ptr.String(), "%s (source %q to the tensor's dtype)", pe.Msg, b.Source)

@@ -1,4 +1,4 @@
-// Package tensor holds shardsrv's numerics: the dtypes of the wire contract (DESIGN §3), their
+// Package tensor holds shardsrv's numerics: the dtypes of the wire contract (docs/numerics.md), their
 // conversions with the normative rounding, the elementwise post ops, and the strided copy kernel
 // the executor uses to move a box of a checkpoint tensor into the output.
 package tensor
@@ -8,7 +8,7 @@ import "fmt"
 // DType is an element type, named as safetensors spells it.
 type DType uint8
 
-// The dtypes of DESIGN §3. The zero value is invalid so a forgotten field never passes as BOOL.
+// The dtypes of docs/numerics.md. The zero value is invalid so a forgotten field never passes as BOOL.
 const (
 	BOOL DType = iota + 1
 	U8
@@ -43,7 +43,7 @@ var dtypeSizes = [...]int{
 	F16: 2, BF16: 2, F32: 4, F64: 8, F8E4M3: 1, F8E5M2: 1, F8E8M0: 1, F4: 0,
 }
 
-// AllDTypes lists the dtypes of DESIGN §3, in declaration order (F8E8M0, a source-only extension,
+// AllDTypes lists the dtypes of docs/numerics.md, in declaration order (F8E8M0, a source-only extension,
 // is not among them).
 var AllDTypes = []DType{BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, BF16, F32, F64, F8E4M3, F8E5M2}
 
@@ -94,7 +94,7 @@ func (d DType) decodesToF32() bool { return d.IsFP8() || d == F8E8M0 || d == F4 
 func (d DType) isSigned() bool { return d == I8 || d == I16 || d == I32 || d == I64 }
 
 // CanConvert reports whether a value of dtype from may be converted to dtype to under the rules of
-// DESIGN §3: float to float, integer or BOOL to float, integer to integer only when lossless (same
+// docs/numerics.md: float to float, integer or BOOL to float, integer to integer only when lossless (same
 // dtype, wider of the same signedness, BOOL to any integer), BOOL to BOOL. Nothing goes to BOOL or
 // from float to integer.
 func CanConvert(from, to DType) bool {

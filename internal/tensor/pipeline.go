@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// OpKind names a post op of DESIGN §3.
+// OpKind names a post op of docs/numerics.md.
 type OpKind uint8
 
 // The post ops.
@@ -96,7 +96,7 @@ type Pipeline struct {
 	fastBF16ToF32, fastF32ToBF16, fastE4M3ToBF16 bool
 }
 
-// NewPipeline checks src → ops → dst against DESIGN §3 and compiles it.
+// NewPipeline checks src → ops → dst against docs/numerics.md and compiles it.
 func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 	// BOOL is never a plain copy: a checkpoint byte other than 0 or 1 still goes out as 1.
 	p := &Pipeline{src: src, dst: dst, identity: src == dst && len(ops) == 0 && src != BOOL}

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// Vectors from REFERENCES.md §6 (PyTorch's test_float8.py and c10 encoders).
+// Vectors from docs/references.md §4 (PyTorch's test_float8.py and c10 encoders).
 func TestE4M3(t *testing.T) {
 	encode := []struct {
 		in   float32
