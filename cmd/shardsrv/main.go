@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/example"
@@ -124,22 +125,15 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.store, "store", "", "where checkpoints are: `DIR`, file://DIR or s3://BUCKET/PREFIX; each checkpoint is a folder (key prefix) in it (required)")
 	c.s3.RegisterFlags(fs)
 	c.maxBodyBytes = 64 << 20
-	fs.Var(byteSize{&c.maxBodyBytes}, "max-body-bytes", "largest request `SIZE` accepted (413 above)")
+	fs.Var(bytesize.Value{P: &c.maxBodyBytes}, "max-body-bytes", "largest request `SIZE` accepted (413 above)")
 	c.memoryBytes = 1536 << 20
-	fs.Var(byteSize{&c.memoryBytes}, "memory-bytes", "memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; a request that finds it spent gets a 503")
-	fs.Var(byteSize{&c.cacheBytes}, "cache-bytes", "shared-region cache `SIZE`, taken from --memory-bytes (0 disables it; 512MiB for s3://, off for directories, which the OS page cache already caches)")
+	fs.Var(bytesize.Value{P: &c.memoryBytes}, "memory-bytes", "memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; a request that finds it spent gets a 503")
+	fs.Var(bytesize.Value{P: &c.cacheBytes}, "cache-bytes", "shared-region cache `SIZE`, taken from --memory-bytes (0 disables it; 512MiB for s3://, off for directories, which the OS page cache already caches)")
 	c.cacheChunk = 4 << 20
-	fs.Var(byteSize{&c.cacheChunk}, "cache-chunk-bytes", "the cache's chunk `SIZE`: reads are aligned to it and storage is read in chunks (8MiB for s3://)")
+	fs.Var(bytesize.Value{P: &c.cacheChunk}, "cache-chunk-bytes", "the cache's chunk `SIZE`: reads are aligned to it and storage is read in chunks (8MiB for s3://)")
 	fs.DurationVar(&c.admitWait, "admit-wait", 5*time.Second, "how long a new stream waits for memory before it is refused with 503 and Retry-After")
 	fs.IntVar(&c.window, "window", 4, "segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)")
-	fs.Var(byteSize{&c.planner.SegmentBytes}, "segment-bytes", "output `SIZE` produced at once per stream")
-	fs.Var(byteSize{&c.planner.SegmentReadBytes}, "segment-read-bytes", "most bytes (`SIZE`) one segment reads into gather buffers; bigger segments are cut")
-	fs.Var(byteSize{&c.planner.MaxGap}, "max-gap", "what one more read request costs, in bytes (`SIZE`): runs closer than this are read as one")
-	fs.Var(byteSize{&c.planner.MaxRead}, "max-read", "reads longer than this `SIZE` are split into parallel requests")
-	fs.Int64Var(&c.planner.MaxReads, "max-reads", c.planner.MaxReads, "refuse (422) a request whose plan needs more reads or segments than this")
-	fs.Int64Var(&c.planner.MaxOverread, "max-overread", c.planner.MaxOverread, "a read (merged across gaps or aligned to cache chunks) may be at most this many times the bytes it needs, on every store")
-	fs.Var(byteSize{&c.planner.MaxOutputBytes}, "max-output-bytes", "largest response body (`SIZE`) a request may ask for (422 above)")
-	fs.Var(byteSize{&c.planner.MaxPlanBytes}, "max-plan-bytes", "most memory (`SIZE`) one plan may take while it is built and streamed, charged to --memory-bytes (422 above)")
+	c.planner.RegisterFlags(fs)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	c.limits.RegisterFlags(fs)
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
@@ -207,9 +201,10 @@ func (c *config) validate() error {
 	if c.planner.MaxPlanBytes <= 0 || c.planner.MaxPlanBytes > c.memoryBytes-c.cacheBytes {
 		errs = append(errs, errors.New("--max-plan-bytes must be positive and fit in --memory-bytes minus --cache-bytes"))
 	}
-	if c.maxBodyBytes <= 0 || c.window <= 0 || c.planner.MaxOverread < 1 || c.planner.MaxOutputBytes <= 0 || c.planner.SegmentBytes <= 0 || c.planner.SegmentReadBytes <= 0 || c.planner.MaxRead <= 0 || c.planner.MaxReads <= 0 || c.planner.MaxGap < 0 {
-		errs = append(errs, errors.New("sizes and counts must be positive (--max-gap may be 0)"))
+	if c.maxBodyBytes <= 0 || c.window <= 0 {
+		errs = append(errs, errors.New("--max-body-bytes and --window must be positive"))
 	}
+	errs = append(errs, c.planner.Validate())
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %v", err))

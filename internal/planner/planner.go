@@ -13,6 +13,8 @@ package planner
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"sort"
@@ -20,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/tensor"
@@ -67,6 +70,31 @@ const (
 	DefaultMaxOutputBytes = 1 << 40 // 1 TiB: no real shard is near it
 	DefaultMaxPlanBytes   = 256 << 20
 )
+
+// RegisterFlags registers the planner's flags on fs; their defaults are o's values.
+func (o *Options) RegisterFlags(fs *flag.FlagSet) {
+	fs.Var(bytesize.Value{P: &o.SegmentBytes}, "segment-bytes", "output `SIZE` produced at once per stream")
+	fs.Var(bytesize.Value{P: &o.SegmentReadBytes}, "segment-read-bytes",
+		"most bytes (`SIZE`) one segment reads into gather buffers; bigger segments are cut")
+	fs.Var(bytesize.Value{P: &o.MaxGap}, "max-gap",
+		"what one more read request costs, in bytes (`SIZE`): runs closer than this are read as one")
+	fs.Var(bytesize.Value{P: &o.MaxRead}, "max-read", "reads longer than this `SIZE` are split into parallel requests")
+	fs.Int64Var(&o.MaxReads, "max-reads", o.MaxReads, "refuse (422) a request whose plan needs more reads or segments than this")
+	fs.Int64Var(&o.MaxOverread, "max-overread", o.MaxOverread,
+		"a read (merged across gaps or aligned to cache chunks) may be at most this many times the bytes it needs, on every store")
+	fs.Var(bytesize.Value{P: &o.MaxOutputBytes}, "max-output-bytes", "largest response body (`SIZE`) a request may ask for (422 above)")
+	fs.Var(bytesize.Value{P: &o.MaxPlanBytes}, "max-plan-bytes",
+		"most memory (`SIZE`) one plan may take while it is built and streamed, charged to --memory-bytes (422 above)")
+}
+
+// Validate reports options no plan can be made with.
+func (o *Options) Validate() error {
+	if o.SegmentBytes <= 0 || o.SegmentReadBytes <= 0 || o.MaxRead <= 0 || o.MaxReads <= 0 || o.MaxGap < 0 ||
+		o.MaxOverread < 1 || o.MaxOutputBytes <= 0 || o.MaxPlanBytes <= 0 {
+		return errors.New("the planner's sizes and counts must be positive (--max-gap may be 0, --max-overread at least 1)")
+	}
+	return nil
+}
 
 // DefaultOptions suit a local disk: 8 MiB segments, 64 KiB of gap worth a request, 16 MiB reads,
 // no read more than 16 times what it needs, at most 1 Mi reads, a 1 TiB body and a 256 MiB plan.

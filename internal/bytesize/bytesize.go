@@ -1,4 +1,6 @@
-package main
+// Package bytesize reads and prints sizes in bytes for flags and environment variables: plain
+// bytes, or a number with a binary (KiB, Ki) or decimal (kB, K) unit, as Kubernetes writes them.
+package bytesize
 
 import (
 	"fmt"
@@ -7,7 +9,7 @@ import (
 	"strings"
 )
 
-// byteUnits are the suffixes a byte-size flag takes: binary (KiB, Ki, as Kubernetes writes them)
+// byteUnits are the suffixes a size takes: binary (KiB, Ki, as Kubernetes writes them)
 // and decimal (kB, K), case-insensitive; no suffix is bytes.
 var byteUnits = []struct {
 	suffix string
@@ -19,14 +21,14 @@ var byteUnits = []struct {
 	{"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12}, {"b", 1},
 }
 
-// byteSize is a flag.Value for a size in bytes: 16777216, 16MiB, 16Mi, 1.5GiB.
-type byteSize struct{ p *int64 }
+// Value is a flag.Value for a size in bytes held in *P: 16777216, 16MiB, 16Mi, 1.5GiB.
+type Value struct{ P *int64 }
 
-func (b byteSize) String() string {
-	if b.p == nil {
+func (b Value) String() string {
+	if b.P == nil {
 		return "0"
 	}
-	v := *b.p
+	v := *b.P
 	for _, u := range []struct {
 		name  string
 		scale int64
@@ -38,15 +40,16 @@ func (b byteSize) String() string {
 	return strconv.FormatInt(v, 10)
 }
 
-func (b byteSize) Set(s string) error {
-	n, err := parseBytes(s)
+func (b Value) Set(s string) error {
+	n, err := Parse(s)
 	if err == nil {
-		*b.p = n
+		*b.P = n
 	}
 	return err
 }
 
-func parseBytes(s string) (int64, error) {
+// Parse reads a size: plain bytes or a number with a unit; it must come to whole bytes.
+func Parse(s string) (int64, error) {
 	num, scale := strings.TrimSpace(s), 1.0
 	lower := strings.ToLower(num)
 	for _, u := range byteUnits {
