@@ -201,7 +201,8 @@ func (c *Client) retry(ctx context.Context, what string, attempt func() error) e
 			return t.err
 		}
 		wait := t.after + rand.N(max(bound, 0)+1) // full jitter on top of what the server asked for
-		c.logger().Warn("shardsrv: retrying", "request", what, "error", t.err.Error(), "attempt", n+1, "of", attempts, "in", wait)
+		c.logger().
+			Warn("shardsrv: retrying", "request", what, "error", t.err.Error(), "attempt", n+1, "of", attempts, "in", wait)
 		timer := time.NewTimer(wait)
 		select {
 		case <-timer.C:
@@ -298,7 +299,13 @@ type Progress func(done, total int64)
 // Fetch streams a shard into w and returns the bytes written. It checks the body against its
 // Content-Length. When an attempt fails after writing, the next one starts over: reset is called
 // first (truncate the file, rewind the buffer); without reset such a failure is not retried.
-func (c *Client) Fetch(ctx context.Context, req *ShardRequest, w io.Writer, reset func() error, progress Progress) (int64, error) {
+func (c *Client) Fetch(
+	ctx context.Context,
+	req *ShardRequest,
+	w io.Writer,
+	reset func() error,
+	progress Progress,
+) (int64, error) {
 	return c.download(ctx, http.MethodPost, "/v1/shards", req, w, reset, progress)
 }
 
@@ -310,7 +317,14 @@ func (c *Client) FetchBytes(ctx context.Context, req *ShardRequest) ([]byte, err
 }
 
 // download streams a response body into w, retrying as Fetch says.
-func (c *Client) download(ctx context.Context, method, path string, body any, w io.Writer, reset func() error, progress Progress) (int64, error) {
+func (c *Client) download(
+	ctx context.Context,
+	method, path string,
+	body any,
+	w io.Writer,
+	reset func() error,
+	progress Progress,
+) (int64, error) {
 	var n int64
 	err := c.retry(ctx, method+" "+path, func() error {
 		if n > 0 { // a failed attempt left bytes in w
@@ -322,7 +336,12 @@ func (c *Client) download(ctx context.Context, method, path string, body any, w 
 		err := c.stream(ctx, method, path, body, w, &n, progress)
 		var t *transient
 		if n > 0 && reset == nil && errors.As(err, &t) {
-			return fmt.Errorf("%w; not retried: %d bytes were written and there is no reset to start over (%w)", t.err, n, errors.ErrUnsupported)
+			return fmt.Errorf(
+				"%w; not retried: %d bytes were written and there is no reset to start over (%w)",
+				t.err,
+				n,
+				errors.ErrUnsupported,
+			)
 		}
 		return err
 	})
@@ -330,7 +349,14 @@ func (c *Client) download(ctx context.Context, method, path string, body any, w 
 }
 
 // stream sends one request and copies its body into w, counting into n.
-func (c *Client) stream(ctx context.Context, method, path string, body any, w io.Writer, n *int64, progress Progress) error {
+func (c *Client) stream(
+	ctx context.Context,
+	method, path string,
+	body any,
+	w io.Writer,
+	n *int64,
+	progress Progress,
+) error {
 	res, err := c.do(ctx, method, path, body)
 	if err != nil {
 		return err

@@ -66,7 +66,10 @@ func clientFixture(t *testing.T) *fixture {
 	opts.SegmentBytes = 4096 // many segments: a failure lands after the headers
 	opts.MaxGap = 0
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, MaxBodyBytes: 1 << 20,
-		Executor: executor.New(st, executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second})})
+		Executor: executor.New(
+			st,
+			executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},
+		)})
 	var requests atomic.Int64
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)
@@ -81,7 +84,13 @@ func clientFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	emb, _ := layout.Replicated(layout.ShapesOf(list), "model.embed_tokens.weight", "e", api.BF16)
-	return &fixture{c, st, &requests, api.ShardRequest{Checkpoint: ckpt, Tensors: []api.TensorRequest{emb}}, filepath.Join(dir, ckpt)}
+	return &fixture{
+		c,
+		st,
+		&requests,
+		api.ShardRequest{Checkpoint: ckpt, Tensors: []api.TensorRequest{emb}},
+		filepath.Join(dir, ckpt),
+	}
 }
 
 func TestFetchRetriesAnAbortedStream(t *testing.T) {
@@ -114,7 +123,9 @@ func TestFetchRetriesAnAbortedStream(t *testing.T) {
 	c.HTTP = &http.Client{Transport: roundTripOnce(func() { st.skip.Store(0); st.fail.Store(1) }, &first)}
 	buf.Reset()
 	before := f.requests.Load()
-	if n, err := c.Fetch(context.Background(), &req, &buf, nil, nil); err != nil || n != int64(len(want)) || !bytes.Equal(buf.Bytes(), want) || f.requests.Load()-before != 2 {
+	if n, err := c.Fetch(context.Background(), &req, &buf, nil, nil); err != nil || n != int64(len(want)) ||
+		!bytes.Equal(buf.Bytes(), want) ||
+		f.requests.Load()-before != 2 {
 		t.Errorf("a 502 before the body, without reset: %d bytes in %d requests, %v", n, f.requests.Load()-before, err)
 	}
 }
@@ -148,7 +159,11 @@ func TestProblemsAreTypedAndNotRetried(t *testing.T) {
 		t.Errorf("a 422 was sent %d times; it is not worth retrying", n)
 	}
 	before = requests.Load()
-	if _, err := c.Plan(context.Background(), &api.ShardRequest{Checkpoint: "nope", Tensors: req.Tensors}); !errors.As(err, &p) || p.Status != 404 {
+	if _, err := c.Plan(context.Background(), &api.ShardRequest{Checkpoint: "nope", Tensors: req.Tensors}); !errors.As(
+		err,
+		&p,
+	) ||
+		p.Status != 404 {
 		t.Errorf("unknown checkpoint: %v", err)
 	}
 	if n := requests.Load() - before; n != 1 {
@@ -260,7 +275,8 @@ func TestRetriesOnlyWhatMaySucceedAndSaysSo(t *testing.T) {
 		var log retries
 		c.Logger = log.logger()
 		var p *api.ProblemError
-		if _, err := c.Checkpoints(ctx); !errors.As(err, &p) || p.Status != status || n.Load() != 1 || log.buf.Len() != 0 {
+		if _, err := c.Checkpoints(ctx); !errors.As(err, &p) || p.Status != status || n.Load() != 1 ||
+			log.buf.Len() != 0 {
 			t.Errorf("%d: sent %d times, %v", status, n.Load(), err)
 		}
 	}
@@ -282,7 +298,10 @@ func TestRetriesOnlyWhatMaySucceedAndSaysSo(t *testing.T) {
 		bound := float64(10*time.Millisecond) * float64(int(1)<<i)
 		wait := rec["in"].(float64)
 		waits[wait] = true
-		if rec["request"] != "GET /v1/checkpoints" || rec["attempt"] != float64(i+2) || !strings.Contains(rec["error"].(string), "scripted") || wait < 0 || wait > bound {
+		if rec["request"] != "GET /v1/checkpoints" || rec["attempt"] != float64(i+2) ||
+			!strings.Contains(rec["error"].(string), "scripted") ||
+			wait < 0 ||
+			wait > bound {
 			t.Errorf("retry %d: %v (wait at most %v)", i, rec, time.Duration(bound))
 		}
 	}
@@ -316,7 +335,8 @@ func TestNoRetryForAURLThatCannotWork(t *testing.T) {
 		c.Backoff = time.Hour // a retry would hang the test
 		var log retries
 		c.Logger = log.logger()
-		if _, err := c.Checkpoints(context.Background()); err == nil || !strings.Contains(err.Error(), "not a URL") || log.buf.Len() != 0 {
+		if _, err := c.Checkpoints(context.Background()); err == nil || !strings.Contains(err.Error(), "not a URL") ||
+			log.buf.Len() != 0 {
 			t.Errorf("%q: %v %s", u, err, log.buf.String())
 		}
 	}
@@ -363,9 +383,15 @@ func TestTensorsFollowsPages(t *testing.T) {
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Query().Get("page_token") {
 		case "":
-			w.Write([]byte(`{"checkpoint": "c", "tensors": [{"name": "a", "dtype": "BF16", "shape": [1], "file": "f"}], "next_page_token": "b"}`))
+			w.Write(
+				[]byte(
+					`{"checkpoint": "c", "tensors": [{"name": "a", "dtype": "BF16", "shape": [1], "file": "f"}], "next_page_token": "b"}`,
+				),
+			)
 		case "b":
-			w.Write([]byte(`{"checkpoint": "c", "tensors": [{"name": "b", "dtype": "BF16", "shape": [2], "file": "f"}]}`))
+			w.Write(
+				[]byte(`{"checkpoint": "c", "tensors": [{"name": "b", "dtype": "BF16", "shape": [2], "file": "f"}]}`),
+			)
 		default:
 			w.WriteHeader(http.StatusBadRequest)
 		}

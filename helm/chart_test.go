@@ -121,7 +121,8 @@ func TestDefaults(t *testing.T) {
 	r := render(t)
 	pod := r.deployment.Spec.Template.Spec
 	c := pod.Containers[0]
-	if sc := c.SecurityContext; sc == nil || !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+	if sc := c.SecurityContext; sc == nil || !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation ||
+		!slices.Contains(sc.Capabilities.Drop, "ALL") {
 		t.Errorf("container security context %+v", c.SecurityContext)
 	}
 	if !*pod.SecurityContext.RunAsNonRoot || *pod.SecurityContext.RunAsUser == 0 {
@@ -130,14 +131,18 @@ func TestDefaults(t *testing.T) {
 	if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Error("probes")
 	}
-	if env(c, "SHARDSRV_STORE").Value != "s3://models" || env(c, "SHARDSRV_SHUTDOWN_GRACE").Value != "25s" || env(c, "SHARDSRV_DRAIN_DELAY").Value != "5s" ||
-		*pod.TerminationGracePeriodSeconds <= 5+25 || env(c, "SHARDSRV_BODY_TIMEOUT").Value != "30s" {
+	if env(c, "SHARDSRV_STORE").Value != "s3://models" || env(c, "SHARDSRV_SHUTDOWN_GRACE").Value != "25s" ||
+		env(c, "SHARDSRV_DRAIN_DELAY").Value != "5s" ||
+		*pod.TerminationGracePeriodSeconds <= 5+25 ||
+		env(c, "SHARDSRV_BODY_TIMEOUT").Value != "30s" {
 		t.Errorf("store, drain delay, grace and body timeout: %+v", c.Env)
 	}
-	if c.Resources.Limits.Memory().IsZero() || len(pod.TopologySpreadConstraints) == 0 || pod.TopologySpreadConstraints[0].LabelSelector == nil {
+	if c.Resources.Limits.Memory().IsZero() || len(pod.TopologySpreadConstraints) == 0 ||
+		pod.TopologySpreadConstraints[0].LabelSelector == nil {
 		t.Error("resources and topology spread")
 	}
-	if r.hpa != nil || r.pdb != nil || r.serviceMonitor != nil || env(c, "AWS_SECRET_ACCESS_KEY") != nil || env(c, "SHARDSRV_AUTH_TOKENS_FILE") != nil {
+	if r.hpa != nil || r.pdb != nil || r.serviceMonitor != nil || env(c, "AWS_SECRET_ACCESS_KEY") != nil ||
+		env(c, "SHARDSRV_AUTH_TOKENS_FILE") != nil {
 		t.Error("optional parts are off by default")
 	}
 }
@@ -149,19 +154,24 @@ func TestAllOptions(t *testing.T) {
 	if r.hpa == nil || r.hpa.Spec.MaxReplicas != 20 || r.deployment.Spec.Replicas != nil {
 		t.Error("HPA replaces replicas")
 	}
-	if r.pdb == nil || r.pdb.Spec.MinAvailable.IntValue() != 2 || r.serviceMonitor == nil || r.serviceMonitor.Spec.Endpoints[0].Path != "/metrics" {
+	if r.pdb == nil || r.pdb.Spec.MinAvailable.IntValue() != 2 || r.serviceMonitor == nil ||
+		r.serviceMonitor.Spec.Endpoints[0].Path != "/metrics" {
 		t.Error("PDB and ServiceMonitor")
 	}
 	if r.serviceAccount.Annotations["eks.amazonaws.com/role-arn"] == "" || pod.ServiceAccountName != "shardsrv-reader" {
 		t.Error("IRSA annotations on the service account")
 	}
-	if e := env(c, "AWS_SECRET_ACCESS_KEY"); e == nil || e.ValueFrom.SecretKeyRef.Name != "shardsrv-s3" || e.ValueFrom.SecretKeyRef.Key != "secret-key" {
+	if e := env(c, "AWS_SECRET_ACCESS_KEY"); e == nil || e.ValueFrom.SecretKeyRef.Name != "shardsrv-s3" ||
+		e.ValueFrom.SecretKeyRef.Key != "secret-key" {
 		t.Error("static S3 credentials come from the Secret")
 	}
-	if e := env(c, "SHARDSRV_AUTH_TOKENS_FILE"); e == nil || e.Value != "/etc/shardsrv/auth/tokens.txt" || pod.Volumes[0].Secret.SecretName != "shardsrv-tokens" {
+	if e := env(c, "SHARDSRV_AUTH_TOKENS_FILE"); e == nil || e.Value != "/etc/shardsrv/auth/tokens.txt" ||
+		pod.Volumes[0].Secret.SecretName != "shardsrv-tokens" {
 		t.Error("auth tokens are mounted from the Secret")
 	}
-	if env(c, "SHARDSRV_S3_ENDPOINT").Value != "http://minio.storage.svc:9000" || env(c, "SHARDSRV_CACHE_BYTES").Value != "2147483648" || env(c, "OTEL_EXPORTER_OTLP_ENDPOINT") == nil {
+	if env(c, "SHARDSRV_S3_ENDPOINT").Value != "http://minio.storage.svc:9000" ||
+		env(c, "SHARDSRV_CACHE_BYTES").Value != "2147483648" ||
+		env(c, "OTEL_EXPORTER_OTLP_ENDPOINT") == nil {
 		t.Error("store, cache and OTel settings")
 	}
 	if r.service.Spec.Ports[0].Port != 9090 || c.Ports[0].ContainerPort != 9090 {
@@ -174,7 +184,8 @@ func TestRefusesAShortTerminationGrace(t *testing.T) {
 	if _, err := os.Stat(bin); err != nil {
 		helm(t, "version") // skips or fails as helm() decides
 	}
-	out, err := exec.Command(bin, "template", "rel", chart, "--set", "terminationGracePeriodSeconds=10").CombinedOutput()
+	out, err := exec.Command(bin, "template", "rel", chart, "--set", "terminationGracePeriodSeconds=10").
+		CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "terminationGracePeriodSeconds must be longer") {
 		t.Errorf("a grace period shorter than the shutdown grace must be refused: %s", out)
 	}

@@ -64,7 +64,13 @@ func identity(n int) [][]int64 {
 
 // rowBlock copies rows [at, at+n) of a 2-d source to destination rows starting at dst.
 func rowBlock(src string, dst, at, n, cols int64) api.Block {
-	return api.Block{Offsets: []int64{dst, 0}, Lengths: []int64{n, cols}, Source: src, Base: []int64{at, 0}, Coeff: identity(2)}
+	return api.Block{
+		Offsets: []int64{dst, 0},
+		Lengths: []int64{n, cols},
+		Source:  src,
+		Base:    []int64{at, 0},
+		Coeff:   identity(2),
+	}
 }
 
 func tensor(name string, dtype api.DType, shape []int64, blocks []api.Block, boxes ...api.Box) api.TensorRequest {
@@ -77,7 +83,13 @@ func Replicated(s Shapes, src, dst string, dtype api.DType) (api.TensorRequest, 
 	if err != nil {
 		return api.TensorRequest{}, err
 	}
-	block := api.Block{Offsets: make([]int64, len(sh)), Lengths: sh, Source: src, Base: make([]int64, len(sh)), Coeff: identity(len(sh))}
+	block := api.Block{
+		Offsets: make([]int64, len(sh)),
+		Lengths: sh,
+		Source:  src,
+		Base:    make([]int64, len(sh)),
+		Coeff:   identity(len(sh)),
+	}
 	return tensor(dst, dtype, sh, []api.Block{block}, api.Box{Offsets: make([]int64, len(sh)), Lengths: sh}), nil
 }
 
@@ -169,7 +181,11 @@ func FusedQKV(s Shapes, q, k, v, dst string, dtype api.DType, headDim int64, tp 
 	kvLocal, replicas := h.KV/tp.Size, int64(1)
 	if tp.Size >= h.KV {
 		if tp.Size%h.KV != 0 {
-			return api.TensorRequest{}, fmt.Errorf("layout: %d ranks do not replicate %d KV heads evenly", tp.Size, h.KV)
+			return api.TensorRequest{}, fmt.Errorf(
+				"layout: %d ranks do not replicate %d KV heads evenly",
+				tp.Size,
+				h.KV,
+			)
 		}
 		kvLocal, replicas = 1, tp.Size/h.KV
 	} else if err := tp.check("KV heads", h.KV); err != nil {
@@ -185,7 +201,13 @@ func FusedQKV(s Shapes, q, k, v, dst string, dtype api.DType, headDim int64, tp 
 			rowBlock(k, r*per+qRows, kvAt, kvRows, h.Hidden),
 			rowBlock(v, r*per+qRows+kvRows, kvAt, kvRows, h.Hidden))
 	}
-	return tensor(dst, dtype, []int64{tp.Size * per, h.Hidden}, blocks, api.Box{Offsets: []int64{tp.Index * per, 0}, Lengths: []int64{per, h.Hidden}}), nil
+	return tensor(
+		dst,
+		dtype,
+		[]int64{tp.Size * per, h.Hidden},
+		blocks,
+		api.Box{Offsets: []int64{tp.Index * per, 0}, Lengths: []int64{per, h.Hidden}},
+	), nil
 }
 
 // InterleavedQKV fuses q, k and v per KV group as Megatron, torchtitan and hyper_parallel hold
@@ -251,9 +273,19 @@ func GateUpPerRank(s Shapes, gate, up, dst string, dtype api.DType, tp Rank) (ap
 	per := inter / tp.Size
 	var blocks []api.Block
 	for r := range tp.Size {
-		blocks = append(blocks, rowBlock(gate, 2*r*per, r*per, per, hidden), rowBlock(up, (2*r+1)*per, r*per, per, hidden))
+		blocks = append(
+			blocks,
+			rowBlock(gate, 2*r*per, r*per, per, hidden),
+			rowBlock(up, (2*r+1)*per, r*per, per, hidden),
+		)
 	}
-	return tensor(dst, dtype, []int64{2 * inter, hidden}, blocks, api.Box{Offsets: []int64{2 * tp.Index * per, 0}, Lengths: []int64{2 * per, hidden}}), nil
+	return tensor(
+		dst,
+		dtype,
+		[]int64{2 * inter, hidden},
+		blocks,
+		api.Box{Offsets: []int64{2 * tp.Index * per, 0}, Lengths: []int64{2 * per, hidden}},
+	), nil
 }
 
 // StackedExperts stacks per-expert tensors into [experts, ...] (torchtitan's grouped experts,
@@ -277,8 +309,11 @@ func StackedExperts(s Shapes, parts [][]string, dst string, dtype api.DType, ep 
 				return api.TensorRequest{}, fmt.Errorf("layout: %q has %d columns, other experts %d", src, sh[1], cols)
 			}
 			cols = sh[1]
-			blocks = append(blocks, api.Block{Offsets: []int64{int64(e), at, 0}, Lengths: []int64{1, sh[0], sh[1]}, Source: src,
-				Base: []int64{0, 0}, Coeff: [][]int64{{0, 1, 0}, {0, 0, 1}}})
+			blocks = append(
+				blocks,
+				api.Block{Offsets: []int64{int64(e), at, 0}, Lengths: []int64{1, sh[0], sh[1]}, Source: src,
+					Base: []int64{0, 0}, Coeff: [][]int64{{0, 1, 0}, {0, 0, 1}}},
+			)
 			at += sh[0]
 		}
 		if e > 0 && at != rows {
@@ -312,14 +347,20 @@ func RoPEPermute(s Shapes, src, dst string, dtype api.DType, headDim int64, dire
 	for h := range heads {
 		if direction == HFToMeta {
 			for j := range half { // Meta rows h*D+2j, +1 come from HF rows h*D+j and h*D+D/2+j
-				blocks = append(blocks, api.Block{Offsets: []int64{h*headDim + 2*j, 0}, Lengths: []int64{2, sh[1]}, Source: src,
-					Base: []int64{h*headDim + j, 0}, Coeff: [][]int64{{half, 0}, {0, 1}}})
+				blocks = append(
+					blocks,
+					api.Block{Offsets: []int64{h*headDim + 2*j, 0}, Lengths: []int64{2, sh[1]}, Source: src,
+						Base: []int64{h*headDim + j, 0}, Coeff: [][]int64{{half, 0}, {0, 1}}},
+				)
 			}
 			continue
 		}
 		for t := range int64(2) { // HF rows h*D+t*D/2+j come from Meta rows h*D+2j+t
-			blocks = append(blocks, api.Block{Offsets: []int64{h*headDim + t*half, 0}, Lengths: []int64{half, sh[1]}, Source: src,
-				Base: []int64{h*headDim + t, 0}, Coeff: [][]int64{{2, 0}, {0, 1}}})
+			blocks = append(
+				blocks,
+				api.Block{Offsets: []int64{h*headDim + t*half, 0}, Lengths: []int64{half, sh[1]}, Source: src,
+					Base: []int64{h*headDim + t, 0}, Coeff: [][]int64{{2, 0}, {0, 1}}},
+			)
 		}
 	}
 	return tensor(dst, dtype, sh, blocks, api.Box{Offsets: []int64{0, 0}, Lengths: sh}), nil

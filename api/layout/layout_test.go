@@ -38,8 +38,13 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), MaxBodyBytes: 1 << 20,
-		Executor: executor.New(st, executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 28, AdmitWait: time.Second})})
+	srv := server.New(
+		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), MaxBodyBytes: 1 << 20,
+			Executor: executor.New(
+				st,
+				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 28, AdmitWait: time.Second},
+			)},
+	)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	f := &fixture{client: api.NewClient(ts.URL), data: map[string][]byte{}}
@@ -73,7 +78,10 @@ func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 
 func (f *fixture) fetch(t *testing.T, tensors ...api.TensorRequest) []byte {
 	t.Helper()
-	body, err := f.client.FetchBytes(context.Background(), &api.ShardRequest{Checkpoint: example.Name, Tensors: tensors})
+	body, err := f.client.FetchBytes(
+		context.Background(),
+		&api.ShardRequest{Checkpoint: example.Name, Tensors: tensors},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +120,14 @@ func TestInterleavedQKV(t *testing.T) {
 	f := newFixture(t)
 	q, k, v := attn+"q_proj.weight", attn+"k_proj.weight", attn+"v_proj.weight"
 	got := f.fetch(t, ok(t)(layout.InterleavedQKV(f.shapes, q, k, v, "wqkv", api.BF16, 16, layout.Rank{Size: 1})))
-	want := cat(f.rows(q, 0, 32), f.rows(k, 0, 16), f.rows(v, 0, 16), f.rows(q, 32, 64), f.rows(k, 16, 32), f.rows(v, 16, 32))
+	want := cat(
+		f.rows(q, 0, 32),
+		f.rows(k, 0, 16),
+		f.rows(v, 0, 16),
+		f.rows(q, 32, 64),
+		f.rows(k, 16, 32),
+		f.rows(v, 16, 32),
+	)
 	if !bytes.Equal(got, want) {
 		t.Error("the interleave is not [q of group 0; k0; v0; q of group 1; k1; v1]")
 	}
@@ -144,7 +159,12 @@ func TestStackedExperts(t *testing.T) {
 		parts = append(parts, []string{ex(e, "gate"), ex(e, "up")})
 	}
 	got := f.fetch(t, ok(t)(layout.StackedExperts(f.shapes, parts, "w13", api.BF16, layout.Rank{Size: 2, Index: 1})))
-	want := cat(f.rows(ex(2, "gate"), 0, 32), f.rows(ex(2, "up"), 0, 32), f.rows(ex(3, "gate"), 0, 32), f.rows(ex(3, "up"), 0, 32))
+	want := cat(
+		f.rows(ex(2, "gate"), 0, 32),
+		f.rows(ex(2, "up"), 0, 32),
+		f.rows(ex(3, "gate"), 0, 32),
+		f.rows(ex(3, "up"), 0, 32),
+	)
 	if !bytes.Equal(got, want) {
 		t.Error("EP=2 rank 1 is not experts 2 and 3, each [gate; up]")
 	}
@@ -181,12 +201,18 @@ func TestParallelSplits(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Error("row-parallel rank 1 is not the second half of every row")
 	}
-	if got := f.fetch(t, ok(t)(layout.ColumnParallel(f.shapes, o, "o", api.BF16, layout.Rank{Size: 4, Index: 2}))); !bytes.Equal(got, f.rows(o, 32, 48)) {
+	if got := f.fetch(t, ok(t)(layout.ColumnParallel(f.shapes, o, "o", api.BF16, layout.Rank{Size: 4, Index: 2}))); !bytes.Equal(
+		got,
+		f.rows(o, 32, 48),
+	) {
 		t.Error("column-parallel rank 2 of 4 is not rows [32, 48)")
 	}
 	// vLLM's rule: a vocabulary of 256 (a multiple of 64) over 2 ranks is 128 rows each.
 	emb := "model.embed_tokens.weight"
-	if got := f.fetch(t, ok(t)(layout.VocabParallel(f.shapes, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1}))); !bytes.Equal(got, f.rows(emb, 128, 256)) {
+	if got := f.fetch(t, ok(t)(layout.VocabParallel(f.shapes, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1}))); !bytes.Equal(
+		got,
+		f.rows(emb, 128, 256),
+	) {
 		t.Error("vocab-parallel rank 1 of 2 is not rows [128, 256)")
 	}
 	// Padded to 64, not to 64 x TP: 3 ranks do not divide 256 rows.
@@ -194,7 +220,10 @@ func TestParallelSplits(t *testing.T) {
 		t.Error("3 ranks cannot split a padded vocabulary of 256")
 	}
 	// 100 rows pad to 128: rank 1 of 2 holds rows [64, 128), of which [100, 128) are zeros.
-	got = f.fetch(t, ok(t)(layout.VocabParallel(layout.Shapes{emb: {100, 64}}, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1})))
+	got = f.fetch(
+		t,
+		ok(t)(layout.VocabParallel(layout.Shapes{emb: {100, 64}}, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1})),
+	)
 	if want := cat(f.rows(emb, 64, 100), make([]byte, 28*64*2)); !bytes.Equal(got, want) {
 		t.Error("vocab-parallel padding rows are zeros")
 	}
@@ -215,8 +244,18 @@ func TestVocabParallelFollowsVLLM(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if box := tr.Boxes[0]; box.Lengths[0] != c.perRank || box.Offsets[0] != r*c.perRank || tr.Shape[0] != c.tp*c.perRank {
-				t.Errorf("vocab %d TP %d rank %d: box %v of %v, want %d rows at %d", c.vocab, c.tp, r, box, tr.Shape, c.perRank, r*c.perRank)
+			if box := tr.Boxes[0]; box.Lengths[0] != c.perRank || box.Offsets[0] != r*c.perRank ||
+				tr.Shape[0] != c.tp*c.perRank {
+				t.Errorf(
+					"vocab %d TP %d rank %d: box %v of %v, want %d rows at %d",
+					c.vocab,
+					c.tp,
+					r,
+					box,
+					tr.Shape,
+					c.perRank,
+					r*c.perRank,
+				)
 			}
 		}
 	}

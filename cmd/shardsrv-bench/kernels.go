@@ -28,13 +28,43 @@ func kernelScenarios(r *report) {
 	}
 	const rowBytes = 8192 // 4096 BF16 per row
 	rows := int64(out / rowBytes)
-	strided := kernel(tensor.BF16, tensor.BF16, nil, tensor.Strided{Lengths: []int64{rows, 4096}, Src: []int64{2 * rowBytes, 2}, Dst: []int64{rowBytes, 2}})
-	everyOther := kernel(tensor.BF16, tensor.BF16, nil, tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{4}, Dst: []int64{2}})
+	strided := kernel(
+		tensor.BF16,
+		tensor.BF16,
+		nil,
+		tensor.Strided{Lengths: []int64{rows, 4096}, Src: []int64{2 * rowBytes, 2}, Dst: []int64{rowBytes, 2}},
+	)
+	everyOther := kernel(
+		tensor.BF16,
+		tensor.BF16,
+		nil,
+		tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{4}, Dst: []int64{2}},
+	)
 	const side = 4096 // a 4096 x 4096 BF16 transpose is 32 MiB
-	transpose := kernel(tensor.BF16, tensor.BF16, nil, tensor.Strided{Lengths: []int64{side, side}, Src: []int64{2, 2 * side}, Dst: []int64{2 * side, 2}})
-	widen := kernel(tensor.BF16, tensor.F32, nil, tensor.Strided{Lengths: []int64{out / 4}, Src: []int64{2}, Dst: []int64{4}})
-	post := kernel(tensor.BF16, tensor.BF16, []tensor.Op{{Kind: tensor.OpMul, Value: 0.5}, {Kind: tensor.OpAdd, Value: 1}}, tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{2}, Dst: []int64{2}})
-	fp8 := kernel(tensor.F8E4M3, tensor.BF16, nil, tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{1}, Dst: []int64{2}})
+	transpose := kernel(
+		tensor.BF16,
+		tensor.BF16,
+		nil,
+		tensor.Strided{Lengths: []int64{side, side}, Src: []int64{2, 2 * side}, Dst: []int64{2 * side, 2}},
+	)
+	widen := kernel(
+		tensor.BF16,
+		tensor.F32,
+		nil,
+		tensor.Strided{Lengths: []int64{out / 4}, Src: []int64{2}, Dst: []int64{4}},
+	)
+	post := kernel(
+		tensor.BF16,
+		tensor.BF16,
+		[]tensor.Op{{Kind: tensor.OpMul, Value: 0.5}, {Kind: tensor.OpAdd, Value: 1}},
+		tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{2}, Dst: []int64{2}},
+	)
+	fp8 := kernel(
+		tensor.F8E4M3,
+		tensor.BF16,
+		nil,
+		tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{1}, Dst: []int64{2}},
+	)
 	vs := func(ds []time.Duration, bytes int64, goal string) row {
 		rel := float64(bytes) / ds[len(ds)/2].Seconds() / (float64(out) / base[len(base)/2].Seconds())
 		return row{"", throughput(bytes, ds), fmt.Sprintf("%.2f× copy() %s", rel, goal)}
@@ -77,14 +107,27 @@ func controlPlaneScenario(r *report) {
 			for e := range int64(experts) {
 				name := fmt.Sprintf("model.layers.%d.mlp.experts.%d.%s.weight", l, e, m.name)
 				size := m.rows * m.cols
-				ck.Tensors[name] = &checkpoint.Tensor{Key: fmt.Sprintf("deepseek/model-%05d.safetensors", l), Tensor: safetensors.Tensor{
-					Name: name, DTypeName: "F8_E4M3", DType: tensor.F8E4M3, Shape: []int64{m.rows, m.cols}, Begin: off, End: off + size}}
+				ck.Tensors[name] = &checkpoint.Tensor{
+					Key: fmt.Sprintf("deepseek/model-%05d.safetensors", l),
+					Tensor: safetensors.Tensor{
+						Name: name, DTypeName: "F8_E4M3", DType: tensor.F8E4M3, Shape: []int64{m.rows, m.cols}, Begin: off, End: off + size},
+				}
 				off += size
-				blocks = append(blocks, api.Block{Offsets: []int64{e, 0, 0}, Lengths: []int64{1, m.rows, m.cols}, Source: name,
-					Base: []int64{0, 0}, Coeff: [][]int64{{0, 1, 0}, {0, 0, 1}}})
+				blocks = append(
+					blocks,
+					api.Block{Offsets: []int64{e, 0, 0}, Lengths: []int64{1, m.rows, m.cols}, Source: name,
+						Base: []int64{0, 0}, Coeff: [][]int64{{0, 1, 0}, {0, 0, 1}}},
+				)
 			}
-			req.Tensors = append(req.Tensors, api.TensorRequest{Name: fmt.Sprintf("layers.%d.experts.%s", l, m.name), Dtype: api.F8E4M3,
-				Shape: []int64{experts, m.rows, m.cols}, Boxes: []api.Box{{Offsets: []int64{0, 0, 0}, Lengths: []int64{experts / 8, m.rows, m.cols}}}, Blocks: &blocks})
+			req.Tensors = append(
+				req.Tensors,
+				api.TensorRequest{Name: fmt.Sprintf("layers.%d.experts.%s", l, m.name), Dtype: api.F8E4M3,
+					Shape: []int64{
+						experts,
+						m.rows,
+						m.cols,
+					}, Boxes: []api.Box{{Offsets: []int64{0, 0, 0}, Lengths: []int64{experts / 8, m.rows, m.cols}}}, Blocks: &blocks},
+			)
 		}
 	}
 	body, _ := json.Marshal(req)
@@ -106,8 +149,23 @@ func controlPlaneScenario(r *report) {
 	for _, it := range plan.Items {
 		segments += len(it.Segments)
 	}
-	r.add(fmt.Sprintf("Control plane: a DeepSeek-V3-sized table (%d tensors, %d blocks, a %.1f MB request), one EP=8 rank", len(req.Tensors), layers*3*experts, float64(len(body))/1e6),
+	r.add(
+		fmt.Sprintf(
+			"Control plane: a DeepSeek-V3-sized table (%d tensors, %d blocks, a %.1f MB request), one EP=8 rank",
+			len(req.Tensors),
+			layers*3*experts,
+			float64(len(body))/1e6,
+		),
 		row{"request decode (strict JSON into the wire types)", p50(decode), "goal ≤ 1 s"},
-		row{"plan (validation, segments, reads)", p50(planning), fmt.Sprintf("goal ≤ 1 s; %d segments, %.1f GB of reads in %d requests", segments, float64(plan.ReadBytes)/1e9, plan.ReadRequests)},
+		row{
+			"plan (validation, segments, reads)",
+			p50(planning),
+			fmt.Sprintf(
+				"goal ≤ 1 s; %d segments, %.1f GB of reads in %d requests",
+				segments,
+				float64(plan.ReadBytes)/1e9,
+				plan.ReadRequests,
+			),
+		},
 	)
 }

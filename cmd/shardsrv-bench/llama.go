@@ -49,7 +49,11 @@ func llamaTensors() []llamaTensor {
 	return append(ts, llamaTensor{"model.norm.weight", []int64{hidden}, 2})
 }
 
-var llamaFiles = []string{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"}
+var llamaFiles = []string{
+	"model-00001-of-00003.safetensors",
+	"model-00002-of-00003.safetensors",
+	"model-00003-of-00003.safetensors",
+}
 
 func uploadLlama(g *s3test.Gateway) (total int64) {
 	files := make([][]safetensors.TensorData, len(llamaFiles))
@@ -59,7 +63,15 @@ func uploadLlama(g *s3test.Gateway) (total int64) {
 		for _, d := range t.shape {
 			n *= d
 		}
-		files[t.file] = append(files[t.file], safetensors.TensorData{Name: t.name, DType: "BF16", Shape: t.shape, Data: randomBytes(int(n), uint64(100+i))})
+		files[t.file] = append(
+			files[t.file],
+			safetensors.TensorData{
+				Name:  t.name,
+				DType: "BF16",
+				Shape: t.shape,
+				Data:  randomBytes(int(n), uint64(100+i)),
+			},
+		)
 		weightMap[t.name] = llamaFiles[t.file]
 		total += n
 	}
@@ -88,13 +100,19 @@ func llamaConfig() map[string]any {
 // (vocabulary-parallel embedding, fused QKV and gate/up, row-parallel o and down, replicated norms).
 func llamaRank(rank int64) api.ShardRequest {
 	size := int64(tp)
-	return api.ShardRequest{Checkpoint: "llama3-8b-2l", Layout: &api.EngineLayout{Engine: api.Vllm, TensorParallelSize: &size, TpRank: &rank}}
+	return api.ShardRequest{
+		Checkpoint: "llama3-8b-2l",
+		Layout:     &api.EngineLayout{Engine: api.Vllm, TensorParallelSize: &size, TpRank: &rank},
+	}
 }
 
 // naiveRank is today's loader: download every file the rank touches whole, parse it, slice.
 func naiveRank(c *s3.Client, rank int64) {
 	for _, f := range llamaFiles {
-		out, err := c.GetObject(context.Background(), &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String("llama3-8b-2l/" + f)})
+		out, err := c.GetObject(
+			context.Background(),
+			&s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String("llama3-8b-2l/" + f)},
+		)
 		must(err)
 		data := make([]byte, aws.ToInt64(out.ContentLength)) // into memory, as torch.load of a downloaded file would
 		_, err = io.ReadFull(out.Body, data)
@@ -135,7 +153,14 @@ func startupScenario(r *report, bin string, g *s3test.Gateway, env []string) {
 	}
 	naiveProxy := g.NewProxy()
 	defer naiveProxy.Close()
-	naiveClient := s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(naiveProxy.URL), UsePathStyle: true, Credentials: g.Client.Options().Credentials})
+	naiveClient := s3.New(
+		s3.Options{
+			Region:       "us-east-1",
+			BaseEndpoint: aws.String(naiveProxy.URL),
+			UsePathStyle: true,
+			Credentials:  g.Client.Options().Credentials,
+		},
+	)
 	naive, naiveGets, naiveBytes := measure(func(rank int64) { naiveRank(naiveClient, rank) }, naiveProxy)
 
 	proxy := g.NewProxy()
@@ -145,9 +170,29 @@ func startupScenario(r *report, bin string, g *s3test.Gateway, env []string) {
 	srv := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", proxy.URL)
 	defer srv.stop()
 	got, gets, bytes := measure(func(rank int64) { fetch("http://"+srv.addr+"/v1/shards", llamaRank(rank)) }, proxy)
-	r.add(fmt.Sprintf("TP=8 startup over S3: all 8 ranks of two Llama-3-8B layers and the embedding (%.2f GiB of BF16), each rank's shard in one request", float64(total)/(1<<30)),
-		row{"naive loader (each rank downloads every file whole with the AWS SDK, parses, slices)", p50(naive) + " wall", fmt.Sprintf("%.2f GiB from S3 in %d requests (first run)", float64(naiveBytes)/(1<<30), naiveGets)},
-		row{"shardsrv (default settings, cache on)", p50(got) + " wall", fmt.Sprintf("%.2f GiB from S3 in %d requests (first run)", float64(bytes)/(1<<30), gets)},
-		row{"ratios", fmt.Sprintf("bytes %.3f×, wall time %.2f×", float64(bytes)/float64(naiveBytes), got[len(got)/2].Seconds()/naive[len(naive)/2].Seconds()), "goals: bytes ≤ 1/6 (0.167×), wall time ≤ 1/3 (0.333×) of naive"},
+	r.add(
+		fmt.Sprintf(
+			"TP=8 startup over S3: all 8 ranks of two Llama-3-8B layers and the embedding (%.2f GiB of BF16), each rank's shard in one request",
+			float64(total)/(1<<30),
+		),
+		row{
+			"naive loader (each rank downloads every file whole with the AWS SDK, parses, slices)",
+			p50(naive) + " wall",
+			fmt.Sprintf("%.2f GiB from S3 in %d requests (first run)", float64(naiveBytes)/(1<<30), naiveGets),
+		},
+		row{
+			"shardsrv (default settings, cache on)",
+			p50(got) + " wall",
+			fmt.Sprintf("%.2f GiB from S3 in %d requests (first run)", float64(bytes)/(1<<30), gets),
+		},
+		row{
+			"ratios",
+			fmt.Sprintf(
+				"bytes %.3f×, wall time %.2f×",
+				float64(bytes)/float64(naiveBytes),
+				got[len(got)/2].Seconds()/naive[len(naive)/2].Seconds(),
+			),
+			"goals: bytes ≤ 1/6 (0.167×), wall time ≤ 1/3 (0.333×) of naive",
+		},
 	)
 }

@@ -30,7 +30,11 @@ var (
 	out  = flag.String("out", "docs/benchmarks.md", "report to write")
 	reps = flag.Int("reps", 5, "repetitions of each timed scenario")
 	work = flag.String("work", "", "scratch directory (default: a temporary one)")
-	only = flag.String("only", "", "run only these scenarios (comma-separated: control,kernels,local,s3); the report holds just them")
+	only = flag.String(
+		"only",
+		"",
+		"run only these scenarios (comma-separated: control,kernels,local,s3); the report holds just them",
+	)
 )
 
 func want(scenario string) bool {
@@ -93,7 +97,14 @@ func writeBig(dir string) {
 	}
 	defer f.Close()
 	w := bufio.NewWriterSize(f, 1<<20)
-	w.Write(safetensors.EncodeHeader([]safetensors.Entry{{Name: "w", DType: "BF16", Shape: []int64{rows, cols}, DataOffsets: [2]int64{0, rows * rowBytes}}}, nil))
+	w.Write(
+		safetensors.EncodeHeader(
+			[]safetensors.Entry{
+				{Name: "w", DType: "BF16", Shape: []int64{rows, cols}, DataOffsets: [2]int64{0, rows * rowBytes}},
+			},
+			nil,
+		),
+	)
 	row := make([]byte, rowBytes)
 	for i := range rows {
 		for j := 0; j < len(row); j += 2 { // small finite BF16 values that vary by row and column
@@ -120,7 +131,9 @@ func startServerEnv(bin, store string, env []string, extra ...string) *server {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	cmd := exec.Command(bin, append([]string{"serve", "--store", store, "--addr", addr, "--log-level", "warn"}, extra...)...)
+	cmd := exec.Command(
+		bin,
+		append([]string{"serve", "--store", store, "--addr", addr, "--log-level", "warn"}, extra...)...)
 	cmd.Stderr = os.Stderr
 	cmd.Env = append(os.Environ(), env...)
 	s3test.DieWithParent(cmd)
@@ -216,7 +229,15 @@ func sortDurations(ds []time.Duration) []time.Duration {
 
 func rowSlab(ckpt string, from, n int64, step int64, dtype api.DType) api.ShardRequest {
 	shape := []int64{n, cols}
-	blocks := []api.Block{{Offsets: []int64{0, 0}, Lengths: shape, Source: "w", Base: []int64{from, 0}, Coeff: [][]int64{{step, 0}, {0, 1}}}}
+	blocks := []api.Block{
+		{
+			Offsets: []int64{0, 0},
+			Lengths: shape,
+			Source:  "w",
+			Base:    []int64{from, 0},
+			Coeff:   [][]int64{{step, 0}, {0, 1}},
+		},
+	}
 	return api.ShardRequest{Checkpoint: ckpt, Tensors: []api.TensorRequest{{Name: "slab", Dtype: dtype, Shape: shape,
 		Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: shape}}, Blocks: &blocks}}}
 }
@@ -245,10 +266,19 @@ func localScenarios(r *report, bin, store string) {
 	dir := timed(func() { fetch("http://"+srv.addr+"/v1/shards", direct) })
 	gat := timed(func() { fetch("http://"+srv.addr+"/v1/shards", gather) })
 	srv.stop()
-	r.add("Local store, 1 GiB direct-path shard (row slab of a BF16 tensor), warm page cache, loopback",
+	r.add(
+		"Local store, 1 GiB direct-path shard (row slab of a BF16 tensor), warm page cache, loopback",
 		row{"plain Go handler, same bytes from memory", throughput(gib, base), ""},
-		row{"shardsrv direct path", throughput(gib, dir), fmt.Sprintf("%.2f× the plain handler (goal ≥ 0.7×)", ratio(base, dir))},
-		row{"shardsrv gather path (every other row, BF16 → F32, 1 GiB out)", throughput(gib, gat), fmt.Sprintf("%.2f× the direct path (goal ≥ 0.5×)", ratio(dir, gat))},
+		row{
+			"shardsrv direct path",
+			throughput(gib, dir),
+			fmt.Sprintf("%.2f× the plain handler (goal ≥ 0.7×)", ratio(base, dir)),
+		},
+		row{
+			"shardsrv gather path (every other row, BF16 → F32, 1 GiB out)",
+			throughput(gib, gat),
+			fmt.Sprintf("%.2f× the direct path (goal ≥ 0.5×)", ratio(dir, gat)),
+		},
 	)
 
 	// Peak RSS of a fresh server while it streams a 2 GiB shard.
@@ -259,8 +289,14 @@ func localScenarios(r *report, bin, store string) {
 	took := time.Since(start)
 	rss := srv.peakRSS()
 	srv.stop()
-	r.add("Memory: a fresh server streaming one 2 GiB shard",
-		row{"peak RSS of the server process (VmHWM)", fmt.Sprintf("%d MiB", rss>>20), fmt.Sprintf("%d MiB streamed in %.1f s (goal ≤ 256 MiB)", n>>20, took.Seconds())})
+	r.add(
+		"Memory: a fresh server streaming one 2 GiB shard",
+		row{
+			"peak RSS of the server process (VmHWM)",
+			fmt.Sprintf("%d MiB", rss>>20),
+			fmt.Sprintf("%d MiB streamed in %.1f s (goal ≤ 256 MiB)", n>>20, took.Seconds()),
+		},
+	)
 }
 
 func throughput(bytes int64, ds []time.Duration) string {
@@ -302,7 +338,11 @@ func (r *report) markdown() string {
 			}
 		}
 	}
-	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (`go run ./cmd/shardsrv-bench`) on %s.\n\n", time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(
+		&b,
+		"# Benchmarks\n\nWritten by `make bench` (`go run ./cmd/shardsrv-bench`) on %s.\n\n",
+		time.Now().UTC().Format("2006-01-02"),
+	)
 	fmt.Fprintf(&b, "Machine: %d cores (%s), %s, %s/%s. Each timed scenario runs once to warm up, then %d times; "+
 		"the table gives the median and the range. Baselines run in the same process run, so the ratios are what counts.\n\n",
 		runtime.NumCPU(), cpu, runtime.Version(), runtime.GOOS, runtime.GOARCH, *reps)

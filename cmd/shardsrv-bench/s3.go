@@ -73,13 +73,40 @@ func s3Scenarios(r *report, bin, dir string) {
 	}
 	log.Printf("uploading the S3 fixtures to versitygw")
 	layer := safetensorsFile(
-		safetensors.TensorData{Name: "model.layers.0.self_attn.q_proj.weight", DType: "BF16", Shape: []int64{qRows, hidden}, Data: randomBytes(qRows*hidden*2, 1)},
-		safetensors.TensorData{Name: "model.layers.0.self_attn.k_proj.weight", DType: "BF16", Shape: []int64{kvRows, hidden}, Data: randomBytes(kvRows*hidden*2, 2)},
-		safetensors.TensorData{Name: "model.layers.0.self_attn.v_proj.weight", DType: "BF16", Shape: []int64{kvRows, hidden}, Data: randomBytes(kvRows*hidden*2, 3)})
+		safetensors.TensorData{
+			Name:  "model.layers.0.self_attn.q_proj.weight",
+			DType: "BF16",
+			Shape: []int64{qRows, hidden},
+			Data:  randomBytes(qRows*hidden*2, 1),
+		},
+		safetensors.TensorData{
+			Name:  "model.layers.0.self_attn.k_proj.weight",
+			DType: "BF16",
+			Shape: []int64{kvRows, hidden},
+			Data:  randomBytes(kvRows*hidden*2, 2),
+		},
+		safetensors.TensorData{
+			Name:  "model.layers.0.self_attn.v_proj.weight",
+			DType: "BF16",
+			Shape: []int64{kvRows, hidden},
+			Data:  randomBytes(kvRows*hidden*2, 3),
+		},
+	)
 	must(g.PutErr(bucket, "llama-layer/model.safetensors", layer))
-	big := safetensorsFile(safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{bigRows, bigCols}, Data: randomBytes(bigRows*bigCols*2, 4)})
+	big := safetensorsFile(
+		safetensors.TensorData{
+			Name:  "w",
+			DType: "BF16",
+			Shape: []int64{bigRows, bigCols},
+			Data:  randomBytes(bigRows*bigCols*2, 4),
+		},
+	)
 	must(g.PutErr(bucket, "big/model.safetensors", big))
-	env := []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretKey, "AWS_REGION=us-east-1"}
+	env := []string{
+		"AWS_ACCESS_KEY_ID=" + s3test.AccessKey,
+		"AWS_SECRET_ACCESS_KEY=" + s3test.SecretKey,
+		"AWS_REGION=us-east-1",
+	}
 
 	// TP=8 fused QKV through a counting proxy: what shardsrv asks S3 for.
 	proxy := g.NewProxy()
@@ -94,10 +121,27 @@ func s3Scenarios(r *report, bin, dir string) {
 	proxy.Close()
 	readBytes, requests := rangeTotals(proxy.Ranges)
 	perRankLimit := needed/tpRanks/(8<<20) + 3*3
-	r.add("S3 (versitygw on loopback): all 8 ranks of a TP=8 fused-QKV layout over one Llama-3-8B layer (q 4096×4096, k and v 1024×4096, BF16)",
-		row{"bytes the 8 shards need", fmt.Sprintf("%.1f MiB", float64(needed)/(1<<20)), "sum of `needed_bytes` of the 8 plans"},
-		row{"bytes read from S3 (headers included)", fmt.Sprintf("%.1f MiB", float64(readBytes)/(1<<20)), fmt.Sprintf("%.3f× needed (goal ≤ 1.05×)", float64(readBytes)/float64(needed))},
-		row{"S3 requests (ranged GETs)", fmt.Sprint(requests), fmt.Sprintf("%.1f per rank (goal ≤ needed/8 MiB + 3 per source tensor = %d per rank)", float64(requests)/tpRanks, perRankLimit)},
+	r.add(
+		"S3 (versitygw on loopback): all 8 ranks of a TP=8 fused-QKV layout over one Llama-3-8B layer (q 4096×4096, k and v 1024×4096, BF16)",
+		row{
+			"bytes the 8 shards need",
+			fmt.Sprintf("%.1f MiB", float64(needed)/(1<<20)),
+			"sum of `needed_bytes` of the 8 plans",
+		},
+		row{
+			"bytes read from S3 (headers included)",
+			fmt.Sprintf("%.1f MiB", float64(readBytes)/(1<<20)),
+			fmt.Sprintf("%.3f× needed (goal ≤ 1.05×)", float64(readBytes)/float64(needed)),
+		},
+		row{
+			"S3 requests (ranged GETs)",
+			fmt.Sprint(requests),
+			fmt.Sprintf(
+				"%.1f per rank (goal ≤ needed/8 MiB + 3 per source tensor = %d per rank)",
+				float64(requests)/tpRanks,
+				perRankLimit,
+			),
+		},
 	)
 
 	// One direct 512 MiB shard: shardsrv against a plain parallel ranged download.
@@ -127,10 +171,27 @@ func s3Scenarios(r *report, bin, dir string) {
 		}
 		must(eg.Wait())
 	})
-	r.add("S3 (versitygw on loopback): one 512 MiB direct shard",
-		row{fmt.Sprintf("AWS SDK parallel ranged download of the same bytes (%d MiB parts, %d in flight)", parts>>20, concurrency), throughput(size, base), ""},
-		row{"shardsrv's store stage alone (internal/s3reader, same parts, no HTTP hop)", throughput(size, stage), fmt.Sprintf("%.2f× the plain download", ratio(base, stage))},
-		row{"shardsrv (cache off), through HTTP to the client", throughput(size, got), fmt.Sprintf("%.2f× the plain download (goal ≥ 0.8×)", ratio(base, got))},
+	r.add(
+		"S3 (versitygw on loopback): one 512 MiB direct shard",
+		row{
+			fmt.Sprintf(
+				"AWS SDK parallel ranged download of the same bytes (%d MiB parts, %d in flight)",
+				parts>>20,
+				concurrency,
+			),
+			throughput(size, base),
+			"",
+		},
+		row{
+			"shardsrv's store stage alone (internal/s3reader, same parts, no HTTP hop)",
+			throughput(size, stage),
+			fmt.Sprintf("%.2f× the plain download", ratio(base, stage)),
+		},
+		row{
+			"shardsrv (cache off), through HTTP to the client",
+			throughput(size, got),
+			fmt.Sprintf("%.2f× the plain download (goal ≥ 0.8×)", ratio(base, got)),
+		},
 	)
 	srv.stop()
 	cacheScenarios(r, bin, g, env)
@@ -146,8 +207,21 @@ func must(err error) {
 // fusedQKV is rank's box of vLLM's rank-major fused QKV at TP=8 (api/layout).
 func fusedQKV(rank int64) api.ShardRequest {
 	const p = "model.layers.0.self_attn."
-	shapes := layout.Shapes{p + "q_proj.weight": {qRows, hidden}, p + "k_proj.weight": {kvRows, hidden}, p + "v_proj.weight": {kvRows, hidden}}
-	t, err := layout.FusedQKV(shapes, p+"q_proj.weight", p+"k_proj.weight", p+"v_proj.weight", p+"qkv_proj.weight", api.BF16, 128, layout.Rank{Size: tpRanks, Index: rank})
+	shapes := layout.Shapes{
+		p + "q_proj.weight": {qRows, hidden},
+		p + "k_proj.weight": {kvRows, hidden},
+		p + "v_proj.weight": {kvRows, hidden},
+	}
+	t, err := layout.FusedQKV(
+		shapes,
+		p+"q_proj.weight",
+		p+"k_proj.weight",
+		p+"v_proj.weight",
+		p+"qkv_proj.weight",
+		api.BF16,
+		128,
+		layout.Rank{Size: tpRanks, Index: rank},
+	)
 	must(err)
 	return api.ShardRequest{Checkpoint: "llama-layer", Tensors: []api.TensorRequest{t}}
 }
@@ -206,15 +280,34 @@ func cacheScenarios(r *report, bin string, g *s3test.Gateway, env []string) {
 	warm := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", g.Endpoint, "--cache-bytes", "268435456")
 	cached := timed(func() { fetch("http://"+warm.addr+"/v1/shards", shard) })
 	warm.stop()
-	r.add("Cache: one 64 MiB shard over S3, latency",
+	r.add(
+		"Cache: one 64 MiB shard over S3, latency",
 		row{"uncached (--cache-bytes 0)", p50(uncached), ""},
-		row{"fully cached (a warm 256 MiB cache)", p50(cached), fmt.Sprintf("%.2f× the uncached p50 (goal ≤ 0.5×)", cached[len(cached)/2].Seconds()/uncached[len(uncached)/2].Seconds())})
+		row{
+			"fully cached (a warm 256 MiB cache)",
+			p50(cached),
+			fmt.Sprintf(
+				"%.2f× the uncached p50 (goal ≤ 0.5×)",
+				cached[len(cached)/2].Seconds()/uncached[len(uncached)/2].Seconds(),
+			),
+		},
+	)
 
 	// Fan-in through the counting proxy, on a fresh server each time so the cache starts cold.
 	fanIn := func(reqs []api.ShardRequest) (storage int64, lat []time.Duration, rss int64) {
 		proxy := g.NewProxy()
 		defer proxy.Close()
-		srv := startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", proxy.URL, "--cache-bytes", "536870912", "--memory-bytes", "2147483648")
+		srv := startServerEnv(
+			bin,
+			"s3://"+bucket,
+			env,
+			"--s3-endpoint",
+			proxy.URL,
+			"--cache-bytes",
+			"536870912",
+			"--memory-bytes",
+			"2147483648",
+		)
 		defer srv.stop()
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -246,10 +339,23 @@ func cacheScenarios(r *report, bin string, g *s3test.Gateway, env []string) {
 	}
 	rankBytes, rankLat, _ := fanIn(ranks)
 	const unique = 2048 * bigCols * 2
-	r.add("Fan-in over S3 with the cache (64 MiB of unique bytes, cold cache, all clients at once)",
-		row{"32 identical clients: storage bytes / unique bytes", fmt.Sprintf("%.3f", float64(sameBytes)/unique), "p50 " + p50(sameLat) + ", p99 " + p99(sameLat)},
-		row{"8 row-parallel ranks (column slabs): storage bytes / unique bytes", fmt.Sprintf("%.3f", float64(rankBytes)/unique), "p50 " + p50(rankLat) + ", p99 " + p99(rankLat)},
-		row{"peak RSS of the server during the 32-client fan-in", fmt.Sprintf("%d MiB", sameRSS>>20), "--memory-bytes 2 GiB, of which --cache-bytes 512 MiB"},
+	r.add(
+		"Fan-in over S3 with the cache (64 MiB of unique bytes, cold cache, all clients at once)",
+		row{
+			"32 identical clients: storage bytes / unique bytes",
+			fmt.Sprintf("%.3f", float64(sameBytes)/unique),
+			"p50 " + p50(sameLat) + ", p99 " + p99(sameLat),
+		},
+		row{
+			"8 row-parallel ranks (column slabs): storage bytes / unique bytes",
+			fmt.Sprintf("%.3f", float64(rankBytes)/unique),
+			"p50 " + p50(rankLat) + ", p99 " + p99(rankLat),
+		},
+		row{
+			"peak RSS of the server during the 32-client fan-in",
+			fmt.Sprintf("%d MiB", sameRSS>>20),
+			"--memory-bytes 2 GiB, of which --cache-bytes 512 MiB",
+		},
 	)
 }
 
@@ -257,9 +363,20 @@ const bigRows, bigCols = 16384, 16384 // 512 MiB of BF16
 
 // bigSlab is rows [0, n) of the big tensor, as its own destination tensor.
 func bigSlab(n int64) api.ShardRequest {
-	blocks := []api.Block{{Offsets: []int64{0, 0}, Lengths: []int64{n, bigCols}, Source: "w", Base: []int64{0, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}}}
-	return api.ShardRequest{Checkpoint: "big", Tensors: []api.TensorRequest{{Name: "slab", Dtype: api.BF16, Shape: []int64{n, bigCols},
-		Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{n, bigCols}}}, Blocks: &blocks}}}
+	blocks := []api.Block{
+		{
+			Offsets: []int64{0, 0},
+			Lengths: []int64{n, bigCols},
+			Source:  "w",
+			Base:    []int64{0, 0},
+			Coeff:   [][]int64{{1, 0}, {0, 1}},
+		},
+	}
+	return api.ShardRequest{
+		Checkpoint: "big",
+		Tensors: []api.TensorRequest{{Name: "slab", Dtype: api.BF16, Shape: []int64{n, bigCols},
+			Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{n, bigCols}}}, Blocks: &blocks}},
+	}
 }
 
 func p50(ds []time.Duration) string { return fmt.Sprintf("%.0f ms", ds[len(ds)/2].Seconds()*1000) }

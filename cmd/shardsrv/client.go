@@ -25,8 +25,18 @@ type clientFlags struct {
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.server, "server", envOr("SHARDSRV_SERVER", "http://localhost:8080"), "shardsrv `URL` (SHARDSRV_SERVER)")
-	fs.StringVar(&c.token, "token", os.Getenv("SHARDSRV_TOKEN"), "bearer token, if the server wants one (SHARDSRV_TOKEN)")
+	fs.StringVar(
+		&c.server,
+		"server",
+		envOr("SHARDSRV_SERVER", "http://localhost:8080"),
+		"shardsrv `URL` (SHARDSRV_SERVER)",
+	)
+	fs.StringVar(
+		&c.token,
+		"token",
+		os.Getenv("SHARDSRV_TOKEN"),
+		"bearer token, if the server wants one (SHARDSRV_TOKEN)",
+	)
 }
 
 func (c *clientFlags) client() *api.Client {
@@ -56,13 +66,28 @@ type layoutFlags struct {
 const engines = "vllm, or megatron (Llama family)"
 
 func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rankHelp string) {
-	fs.StringVar(&l.engine, engineFlag, engineDefault, "inference `ENGINE` whose per-rank parameters to serve: "+engines)
+	fs.StringVar(
+		&l.engine,
+		engineFlag,
+		engineDefault,
+		"inference `ENGINE` whose per-rank parameters to serve: "+engines,
+	)
 	fs.Int64Var(&l.tp, "tp", 1, "tensor-parallel size (vLLM's tensor_parallel_size)")
 	fs.StringVar(&l.rank, "rank", "0", rankHelp)
 	fs.Int64Var(&l.dp, "dp", 1, "data-parallel size (data_parallel_size); with --ep, experts spread over TP x DP ranks")
 	fs.Int64Var(&l.dpRank, "dp-rank", 0, "data-parallel rank (dp_rank)")
-	fs.BoolVar(&l.ep, "ep", false, "expert parallelism (enable_expert_parallel): each rank holds whole experts, spread over the TP x DP ranks;\nwithout it every expert is split by TP like the other weights, as vLLM does by default")
-	fs.StringVar(&l.dtype, "dtype", "", "`DTYPE` the engine runs in: BF16, F16 or F32, any case (default the checkpoint's torch_dtype)")
+	fs.BoolVar(
+		&l.ep,
+		"ep",
+		false,
+		"expert parallelism (enable_expert_parallel): each rank holds whole experts, spread over the TP x DP ranks;\nwithout it every expert is split by TP like the other weights, as vLLM does by default",
+	)
+	fs.StringVar(
+		&l.dtype,
+		"dtype",
+		"",
+		"`DTYPE` the engine runs in: BF16, F16 or F32, any case (default the checkpoint's torch_dtype)",
+	)
 }
 
 // ranks reads --rank: one TP rank, or with all every rank of --tp.
@@ -193,8 +218,16 @@ func (b *bar) progress() api.Progress {
 		}
 		elapsed := time.Since(b.start)
 		rate := float64(done) / max(elapsed.Seconds(), 1e-9)
-		fmt.Fprintf(b.w, "\r[%s%s] %s / %s  %s/s  ETA %s ", strings.Repeat("#", filled), strings.Repeat(".", width-filled),
-			size(done), of, size(int64(rate)), eta(done, total, elapsed))
+		fmt.Fprintf(
+			b.w,
+			"\r[%s%s] %s / %s  %s/s  ETA %s ",
+			strings.Repeat("#", filled),
+			strings.Repeat(".", width-filled),
+			size(done),
+			of,
+			size(int64(rate)),
+			eta(done, total, elapsed),
+		)
 	}
 }
 
@@ -279,7 +312,11 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 	reqPath := fs.String("request", "", "shard request `FILE` (JSON; - for stdin)")
 	out := fs.String("o", "", "with --request: output `FILE`, or - for stdout")
 	ckpt := fs.String("checkpoint", "", "with --layout: checkpoint `NAME` on the server")
-	dir := fs.String("out", "", "with --layout: `DIR` to write the rank files and the checkpoint's small files into (created if missing)")
+	dir := fs.String(
+		"out",
+		"",
+		"with --layout: `DIR` to write the rank files and the checkpoint's small files into (created if missing)",
+	)
 	var lf layoutFlags
 	lf.register(fs, "layout", "", "with --layout: the TP `RANK` to fetch, or all")
 	if err := parse(fs, args); err != nil {
@@ -292,7 +329,9 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 	case lf.engine != "" && *ckpt != "" && *dir != "" && *reqPath == "" && *out == "":
 		return fetchLayout(ctx, cf.client(), *ckpt, &lf, *dir, stderr)
 	}
-	return errors.New("fetch: give --request FILE -o OUT, or --checkpoint NAME --layout vllm --out DIR (see 'shardsrv fetch -h')")
+	return errors.New(
+		"fetch: give --request FILE -o OUT, or --checkpoint NAME --layout vllm --out DIR (see 'shardsrv fetch -h')",
+	)
 }
 
 func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdout, stderr io.Writer) error {
@@ -329,14 +368,24 @@ func fetched(stderr io.Writer, what string, n int64, took time.Duration) {
 	if what == "-" {
 		what = "stdout"
 	}
-	fmt.Fprintf(stderr, "fetched %s into %s in %.2fs (%s/s)\n", size(n), what, took.Seconds(), size(int64(float64(n)/max(took.Seconds(), 1e-9))))
+	fmt.Fprintf(
+		stderr,
+		"fetched %s into %s in %.2fs (%s/s)\n",
+		size(n),
+		what,
+		took.Seconds(),
+		size(int64(float64(n)/max(took.Seconds(), 1e-9))),
+	)
 }
 
 // fetchLayout writes the sharded_state directory of a layout's ranks.
 func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlags, dir string, stderr io.Writer) error {
 	if lf.engine != string(api.Vllm) {
 		// The directory is vLLM's sharded_state; another engine's rank is a request to fetch.
-		return fmt.Errorf("fetch: --out DIR writes vLLM's sharded_state, not a %s checkpoint; fetch another engine's rank with 'shardsrv layout --engine %[1]s' and --request", lf.engine)
+		return fmt.Errorf(
+			"fetch: --out DIR writes vLLM's sharded_state, not a %s checkpoint; fetch another engine's rank with 'shardsrv layout --engine %[1]s' and --request",
+			lf.engine,
+		)
 	}
 	ranks, err := lf.ranks(true)
 	if err != nil {
@@ -444,7 +493,14 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(tw, "total\t\t%s\t%d\t%s\t\n", size(s.OutputBytes), s.ReadRequests, size(s.ReadBytes))
 	tw.Flush()
-	fmt.Fprintf(stdout, "\nneeded %s, read %s in %d requests: amplification %.3f\n", size(s.NeededBytes), size(s.ReadBytes), s.ReadRequests, amp)
+	fmt.Fprintf(
+		stdout,
+		"\nneeded %s, read %s in %d requests: amplification %.3f\n",
+		size(s.NeededBytes),
+		size(s.ReadBytes),
+		s.ReadRequests,
+		amp,
+	)
 	return nil
 }
 

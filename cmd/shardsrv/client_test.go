@@ -35,8 +35,13 @@ func live(t *testing.T) (url, folder string) {
 		t.Fatal(err)
 	}
 	st, _ := store.NewLocal(dir)
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), MaxBodyBytes: 1 << 20,
-		Executor: executor.New(st, executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second})})
+	srv := server.New(
+		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), MaxBodyBytes: 1 << 20,
+			Executor: executor.New(
+				st,
+				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},
+			)},
+	)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return ts.URL, filepath.Join(dir, example.Name)
@@ -74,7 +79,8 @@ func TestLayoutCommand(t *testing.T) {
 		t.Fatalf("not a shard request with a table: %v", err)
 	}
 	tp, rank := int64(2), int64(1)
-	want, err := api.NewClient(url).Layout(context.Background(), example.Name, api.EngineLayout{Engine: api.Vllm, TensorParallelSize: &tp, TpRank: &rank})
+	want, err := api.NewClient(url).
+		Layout(context.Background(), example.Name, api.EngineLayout{Engine: api.Vllm, TensorParallelSize: &tp, TpRank: &rank})
 	if err != nil || !reflect.DeepEqual(req.Tensors, want.Tensors) {
 		t.Fatalf("the printed table is not what /v1/layouts returns (%v)", err)
 	}
@@ -84,10 +90,12 @@ func TestLayoutCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 1+len(want.Tensors) || !slices.Equal(strings.Fields(lines[0]), []string{"tensor", "dtype", "shape"}) {
+	if len(lines) != 1+len(want.Tensors) ||
+		!slices.Equal(strings.Fields(lines[0]), []string{"tensor", "dtype", "shape"}) {
 		t.Fatalf("table:\n%s", out.String())
 	}
-	if !strings.Contains(out.String(), "model.layers.1.mlp.experts.w13_weight") || strings.Fields(lines[1])[1] != "F32" {
+	if !strings.Contains(out.String(), "model.layers.1.mlp.experts.w13_weight") ||
+		strings.Fields(lines[1])[1] != "F32" {
 		t.Errorf("table:\n%s", out.String())
 	}
 
@@ -117,8 +125,10 @@ func TestPlanPicksUnitsBySize(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := out.String()
-	if !strings.Contains(s, "model.layers.1.mlp.experts.w13_weight") || !strings.Contains(s, "16.0 KiB") || !strings.Contains(s, "128 B") ||
-		strings.Contains(s, "0.0 MiB") || !strings.Contains(s, "amplification") {
+	if !strings.Contains(s, "model.layers.1.mlp.experts.w13_weight") || !strings.Contains(s, "16.0 KiB") ||
+		!strings.Contains(s, "128 B") ||
+		strings.Contains(s, "0.0 MiB") ||
+		!strings.Contains(s, "amplification") {
 		t.Errorf("plan table:\n%s", s)
 	}
 }
@@ -177,7 +187,8 @@ func TestFetchRequestReplacesTheFileOnlyOnSuccess(t *testing.T) {
 	}
 
 	var stdout bytes.Buffer
-	if err := fetch([]string{"--server", url, "--request", good, "-o", "-"}, &stdout, &errs); err != nil || !bytes.Equal(stdout.Bytes(), want) {
+	if err := fetch([]string{"--server", url, "--request", good, "-o", "-"}, &stdout, &errs); err != nil ||
+		!bytes.Equal(stdout.Bytes(), want) {
 		t.Errorf("-o - wrote %d bytes to stdout, want %d (%v)", stdout.Len(), len(want), err)
 	}
 	if _, err := os.Stat("-"); err == nil {
@@ -208,7 +219,9 @@ func TestFetchLayoutWritesAShardedStateDirectory(t *testing.T) {
 	} {
 		dir := filepath.Join(t.TempDir(), "out") // created by fetch
 		var errs bytes.Buffer
-		args := append([]string{"--server", url, "--checkpoint", example.Name, "--layout", "vllm", "--out", dir}, c0.args...)
+		args := append(
+			[]string{"--server", url, "--checkpoint", example.Name, "--layout", "vllm", "--out", dir},
+			c0.args...)
 		if err := fetch(args, &bytes.Buffer{}, &errs); err != nil {
 			t.Fatalf("%v: %v %s", args, err, errs.String())
 		}
@@ -254,13 +267,26 @@ func TestFetchLayoutWritesAShardedStateDirectory(t *testing.T) {
 					n *= d
 				}
 				e := stored[tr.Name]
-				if e.DTypeName != string(tr.Dtype) || !slices.Equal(e.Shape, tr.Shape) || !bytes.Equal(data[tr.Name], body[:n]) {
-					t.Errorf("rank %d %s: %s %v in the file, %s %v from /v1/shards, bytes equal %v", r, tr.Name, e.DTypeName, e.Shape, tr.Dtype, tr.Shape, bytes.Equal(data[tr.Name], body[:n]))
+				if e.DTypeName != string(tr.Dtype) || !slices.Equal(e.Shape, tr.Shape) ||
+					!bytes.Equal(data[tr.Name], body[:n]) {
+					t.Errorf(
+						"rank %d %s: %s %v in the file, %s %v from /v1/shards, bytes equal %v",
+						r,
+						tr.Name,
+						e.DTypeName,
+						e.Shape,
+						tr.Dtype,
+						tr.Shape,
+						bytes.Equal(data[tr.Name], body[:n]),
+					)
 				}
 				body = body[n:]
 			}
 			// vLLM pads the 256-row vocabulary to 256 and splits it by 2: rank r holds rows [128r, 128r+128).
-			if emb, want := data["model.embed_tokens.weight"], ckptData["model.embed_tokens.weight"][r*128*64*2:(r+1)*128*64*2]; !bytes.Equal(emb, want) {
+			if emb, want := data["model.embed_tokens.weight"], ckptData["model.embed_tokens.weight"][r*128*64*2:(r+1)*128*64*2]; !bytes.Equal(
+				emb,
+				want,
+			) {
 				t.Errorf("rank %d's embedding is not rows [%d, %d) of the checkpoint's", r, 128*r, 128*r+128)
 			}
 		}

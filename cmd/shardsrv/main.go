@@ -122,24 +122,66 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", ":8080", "`HOST:PORT` to listen on")
-	fs.StringVar(&c.store, "store", "", "where checkpoints are: `DIR`, file://DIR or s3://BUCKET/PREFIX; each checkpoint is a folder (key prefix) in it (required)")
+	fs.StringVar(
+		&c.store,
+		"store",
+		"",
+		"where checkpoints are: `DIR`, file://DIR or s3://BUCKET/PREFIX; each checkpoint is a folder (key prefix) in it (required)",
+	)
 	c.s3.RegisterFlags(fs)
 	c.maxBodyBytes = 64 << 20
 	fs.Var(bytesize.Value{P: &c.maxBodyBytes}, "max-body-bytes", "largest request `SIZE` accepted (413 above)")
 	c.memoryBytes = 1536 << 20
-	fs.Var(bytesize.Value{P: &c.memoryBytes}, "memory-bytes", "memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; a request that finds it spent gets a 503")
-	fs.Var(bytesize.Value{P: &c.cacheBytes}, "cache-bytes", "shared-region cache `SIZE`, taken from --memory-bytes (0 disables it; 512MiB for s3://, off for directories, which the OS page cache already caches)")
+	fs.Var(
+		bytesize.Value{P: &c.memoryBytes},
+		"memory-bytes",
+		"memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; a request that finds it spent gets a 503",
+	)
+	fs.Var(
+		bytesize.Value{P: &c.cacheBytes},
+		"cache-bytes",
+		"shared-region cache `SIZE`, taken from --memory-bytes (0 disables it; 512MiB for s3://, off for directories, which the OS page cache already caches)",
+	)
 	c.cacheChunk = 4 << 20
-	fs.Var(bytesize.Value{P: &c.cacheChunk}, "cache-chunk-bytes", "the cache's chunk `SIZE`: reads are aligned to it and storage is read in chunks (8MiB for s3://)")
-	fs.DurationVar(&c.admitWait, "admit-wait", 5*time.Second, "how long a new stream waits for memory before it is refused with 503 and Retry-After")
-	fs.IntVar(&c.window, "window", 4, "segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)")
+	fs.Var(
+		bytesize.Value{P: &c.cacheChunk},
+		"cache-chunk-bytes",
+		"the cache's chunk `SIZE`: reads are aligned to it and storage is read in chunks (8MiB for s3://)",
+	)
+	fs.DurationVar(
+		&c.admitWait,
+		"admit-wait",
+		5*time.Second,
+		"how long a new stream waits for memory before it is refused with 503 and Retry-After",
+	)
+	fs.IntVar(
+		&c.window,
+		"window",
+		4,
+		"segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)",
+	)
 	c.planner.RegisterFlags(fs)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	c.limits.RegisterFlags(fs)
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
-	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it changes; every route but /healthz, /readyz and /metrics then needs one (default: no auth)")
-	fs.DurationVar(&c.grace, "shutdown-grace", 25*time.Second, "after --drain-delay, how long in-flight streams may take to finish once the listener is closed")
-	fs.DurationVar(&c.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long /readyz answers 503 while new requests are still served, so load balancers stop sending first")
+	fs.StringVar(
+		&c.tokensFile,
+		"auth-tokens-file",
+		"",
+		"`FILE` of bearer tokens, one per line, re-read when it changes; every route but /healthz, /readyz and /metrics then needs one (default: no auth)",
+	)
+	fs.DurationVar(
+		&c.grace,
+		"shutdown-grace",
+		25*time.Second,
+		"after --drain-delay, how long in-flight streams may take to finish once the listener is closed",
+	)
+	fs.DurationVar(
+		&c.drainDelay,
+		"drain-delay",
+		5*time.Second,
+		"on SIGTERM, how long /readyz answers 503 while new requests are still served, so load balancers stop sending first",
+	)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: shardsrv serve --store DIR|s3://BUCKET/PREFIX [flags]\n\n"+
 			"Runs the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n"+
@@ -171,8 +213,14 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 		// Object storage: a request costs about 1 MiB of transfer (10-20 ms at 50-100 MB/s per
 		// connection), so merge gaps up to that, never past 16x what a read needs; 8 MiB parts keep
 		// the connections busy; bigger segments keep more of them in flight.
-		s3Defaults := map[string]string{"max-gap": "1048576", "max-read": "8388608", "segment-bytes": "16777216", "segment-read-bytes": "33554432",
-			"cache-bytes": "536870912", "cache-chunk-bytes": "8388608"}
+		s3Defaults := map[string]string{
+			"max-gap":            "1048576",
+			"max-read":           "8388608",
+			"segment-bytes":      "16777216",
+			"segment-read-bytes": "33554432",
+			"cache-bytes":        "536870912",
+			"cache-chunk-bytes":  "8388608",
+		}
 		for name, v := range s3Defaults {
 			if !set[name] && os.Getenv("SHARDSRV_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))) == "" {
 				fs.Set(name, v)
@@ -189,17 +237,30 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 func (c *config) validate() error {
 	var errs []error
 	if c.store == "" {
-		errs = append(errs, errors.New("--store is required: the directory holding checkpoint folders (try 'make run' for an example)"))
+		errs = append(
+			errs,
+			errors.New("--store is required: the directory holding checkpoint folders (try 'make run' for an example)"),
+		)
 	}
-	if c.cacheBytes < 0 || c.cacheBytes >= c.memoryBytes || (c.cacheBytes > 0 && c.cacheBytes < c.cacheChunk) || c.cacheChunk <= 0 {
-		errs = append(errs, errors.New("--cache-bytes must be 0 or at least one --cache-chunk-bytes, and less than --memory-bytes"))
+	if c.cacheBytes < 0 || c.cacheBytes >= c.memoryBytes || (c.cacheBytes > 0 && c.cacheBytes < c.cacheChunk) ||
+		c.cacheChunk <= 0 {
+		errs = append(
+			errs,
+			errors.New("--cache-bytes must be 0 or at least one --cache-chunk-bytes, and less than --memory-bytes"),
+		)
 	}
 	if c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 {
-		errs = append(errs, errors.New("--idle-timeout and --shutdown-grace must be positive, --drain-delay at least 0"))
+		errs = append(
+			errs,
+			errors.New("--idle-timeout and --shutdown-grace must be positive, --drain-delay at least 0"),
+		)
 	}
 	errs = append(errs, c.limits.Validate(), c.s3.Validate())
 	if c.planner.MaxPlanBytes <= 0 || c.planner.MaxPlanBytes > c.memoryBytes-c.cacheBytes {
-		errs = append(errs, errors.New("--max-plan-bytes must be positive and fit in --memory-bytes minus --cache-bytes"))
+		errs = append(
+			errs,
+			errors.New("--max-plan-bytes must be positive and fit in --memory-bytes minus --cache-bytes"),
+		)
 	}
 	if c.maxBodyBytes <= 0 || c.window <= 0 {
 		errs = append(errs, errors.New("--max-body-bytes and --window must be positive"))
@@ -286,7 +347,17 @@ func serve(args []string, stderr io.Writer) error {
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(ln) }()
-	log.Info("serving", "addr", ln.Addr().String(), "store", st.String(), "cache_bytes", c.cacheBytes, "auth", tokens != nil)
+	log.Info(
+		"serving",
+		"addr",
+		ln.Addr().String(),
+		"store",
+		st.String(),
+		"cache_bytes",
+		c.cacheBytes,
+		"auth",
+		tokens != nil,
+	)
 	select {
 	case err := <-errc:
 		return err
@@ -305,7 +376,11 @@ func serve(args []string, stderr io.Writer) error {
 
 func writeExample(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("example", flag.ContinueOnError)
-	out := fs.String("out", ".run/checkpoints", "`DIR` to write the example checkpoint folder into; requests go next to it")
+	out := fs.String(
+		"out",
+		".run/checkpoints",
+		"`DIR` to write the example checkpoint folder into; requests go next to it",
+	)
 	addr := fs.String("addr", "localhost:8080", "server address the printed curl commands use")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -314,6 +389,12 @@ func writeExample(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "Wrote checkpoint %q to %s. Try:\n%s", example.Name, *out, example.CurlExamples(*addr, requests))
+	fmt.Fprintf(
+		stdout,
+		"Wrote checkpoint %q to %s. Try:\n%s",
+		example.Name,
+		*out,
+		example.CurlExamples(*addr, requests),
+	)
 	return nil
 }

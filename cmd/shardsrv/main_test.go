@@ -16,7 +16,12 @@ func TestFlagsFallBackToEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.store != "/data" || c.planner.MaxGap != 1<<20 || c.addr != ":7" {
-		t.Errorf("store %q gap %d addr %q: env fills what the command line leaves, the command line wins", c.store, c.planner.MaxGap, c.addr)
+		t.Errorf(
+			"store %q gap %d addr %q: env fills what the command line leaves, the command line wins",
+			c.store,
+			c.planner.MaxGap,
+			c.addr,
+		)
 	}
 }
 
@@ -49,7 +54,10 @@ func TestS3StoreGetsObjectStorageDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.s3.Bucket != "bucket" || c.s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 || c.planner.MaxRead != 8<<20 || c.planner.MaxOverread != 16 || c.cacheBytes != 512<<20 {
+	if c.s3.Bucket != "bucket" || c.s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 ||
+		c.planner.MaxRead != 8<<20 ||
+		c.planner.MaxOverread != 16 ||
+		c.cacheBytes != 512<<20 {
 		t.Errorf("%+v %+v: s3 defaults apply where no flag is given", c.s3, c.planner)
 	}
 }

@@ -65,7 +65,10 @@ func New(inner store.Store, capacity, chunkSize int64) (*Store, error) {
 	}
 	s := &Store{inner: inner, chunk: chunkSize, Revalidate: 5 * time.Second}
 	var err error
-	s.chunks, err = lru.NewWithEvict[chunkKey, []byte](int(capacity/chunkSize), func(chunkKey, []byte) { s.evictions.Add(1) })
+	s.chunks, err = lru.NewWithEvict[chunkKey, []byte](
+		int(capacity/chunkSize),
+		func(chunkKey, []byte) { s.evictions.Add(1) },
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -75,8 +78,14 @@ func New(inner store.Store, capacity, chunkSize int64) (*Store, error) {
 
 // Stats returns the counters.
 func (s *Store) Stats() Stats {
-	return Stats{Hits: s.hits.Load(), Misses: s.misses.Load(), BytesFromCache: s.fromCache.Load(), BytesFromStore: s.fromStore.Load(),
-		Evictions: s.evictions.Load(), FillsInFlight: s.inFlight.Load()}
+	return Stats{
+		Hits:           s.hits.Load(),
+		Misses:         s.misses.Load(),
+		BytesFromCache: s.fromCache.Load(),
+		BytesFromStore: s.fromStore.Load(),
+		Evictions:      s.evictions.Load(),
+		FillsInFlight:  s.inFlight.Load(),
+	}
 }
 
 func (s *Store) String() string { return s.inner.String() }

@@ -49,7 +49,8 @@ func TestConcurrentMissesShareOneFetch(t *testing.T) {
 	for range 32 {
 		wg.Go(func() {
 			p := make([]byte, 50_000)
-			if err := c.ReadAt(context.Background(), "f", info.Version, p, 10_000); err != nil || !bytes.Equal(p, data[10_000:60_000]) {
+			if err := c.ReadAt(context.Background(), "f", info.Version, p, 10_000); err != nil ||
+				!bytes.Equal(p, data[10_000:60_000]) {
 				t.Errorf("read: %v", err)
 			}
 		})

@@ -167,10 +167,21 @@ func (c *Catalog) root(ctx context.Context, name string) (string, store.Info, bo
 	if err := c.store.Check(ctx); err != nil {
 		return "", store.Info{}, false, err
 	}
-	return "", store.Info{}, false, fmt.Errorf("%w %q: the folder holds neither %s nor %s", ErrNotFound, name, IndexFile, SingleFile)
+	return "", store.Info{}, false, fmt.Errorf(
+		"%w %q: the folder holds neither %s nor %s",
+		ErrNotFound,
+		name,
+		IndexFile,
+		SingleFile,
+	)
 }
 
-func (c *Catalog) load(ctx context.Context, name, rootKey string, rootInfo store.Info, indexed bool) (*Checkpoint, error) {
+func (c *Catalog) load(
+	ctx context.Context,
+	name, rootKey string,
+	rootInfo store.Info,
+	indexed bool,
+) (*Checkpoint, error) {
 	files := map[string][]string{SingleFile: nil} // file → tensors the index puts there
 	versions := map[string]store.Info{name + "/" + SingleFile: rootInfo}
 	if indexed {
@@ -221,7 +232,9 @@ func (c *Catalog) load(ctx context.Context, name, rootKey string, rootInfo store
 		}
 		for _, want := range files[f] {
 			if t, ok := ckpt.Tensors[want]; !ok || t.Key != key {
-				return nil, &Error{fmt.Sprintf("%s puts tensor %q in %s, whose header does not hold it", rootKey, want, key)}
+				return nil, &Error{
+					fmt.Sprintf("%s puts tensor %q in %s, whose header does not hold it", rootKey, want, key),
+				}
 			}
 		}
 	}
@@ -231,7 +244,9 @@ func (c *Catalog) load(ctx context.Context, name, rootKey string, rootInfo store
 // readIndex returns the files the weight_map names, each with the tensors it puts there.
 func (c *Catalog) readIndex(ctx context.Context, key string, info store.Info) (map[string][]string, error) {
 	if info.Size > maxIndexLen {
-		return nil, &Error{fmt.Sprintf("%s is %d bytes, more than the %d this service reads", key, info.Size, maxIndexLen)}
+		return nil, &Error{
+			fmt.Sprintf("%s is %d bytes, more than the %d this service reads", key, info.Size, maxIndexLen),
+		}
 	}
 	buf := make([]byte, info.Size)
 	if err := c.store.ReadAt(ctx, key, info.Version, buf, 0); err != nil {
@@ -249,7 +264,14 @@ func (c *Catalog) readIndex(ctx context.Context, key string, info store.Info) (m
 	files := map[string][]string{}
 	for tensor, file := range index.WeightMap {
 		if err := store.ValidateKey(file); err != nil {
-			return nil, &Error{fmt.Sprintf("%s puts tensor %q in %q, which is not a file name inside the checkpoint", key, tensor, file)}
+			return nil, &Error{
+				fmt.Sprintf(
+					"%s puts tensor %q in %q, which is not a file name inside the checkpoint",
+					key,
+					tensor,
+					file,
+				),
+			}
 		}
 		files[file] = append(files[file], tensor)
 	}

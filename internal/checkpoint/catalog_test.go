@@ -44,7 +44,13 @@ func TestIndexedCheckpoint(t *testing.T) {
 	writeFile(t, dir, "m/model-00001-of-00002.safetensors", td("embed.weight", 12))
 	writeFile(t, dir, "m/model-00002-of-00002.safetensors", td("norm.weight", 3))
 	writeFile(t, dir, "m/consolidated.safetensors", td("norm.weight", 3), td("extra", 1)) // never opened
-	os.WriteFile(filepath.Join(dir, "m", IndexFile), []byte(`{"metadata":{"total_size":0},"weight_map":{"embed.weight":"model-00001-of-00002.safetensors","norm.weight":"model-00002-of-00002.safetensors"}}`), 0o644)
+	os.WriteFile(
+		filepath.Join(dir, "m", IndexFile),
+		[]byte(
+			`{"metadata":{"total_size":0},"weight_map":{"embed.weight":"model-00001-of-00002.safetensors","norm.weight":"model-00002-of-00002.safetensors"}}`,
+		),
+		0o644,
+	)
 	ck, err := c.Open(context.Background(), "m")
 	if err != nil {
 		t.Fatal(err)
@@ -78,11 +84,19 @@ func TestRejectedCheckpoints(t *testing.T) {
 	c, dir := catalog(t)
 	writeFile(t, dir, "dup/a.safetensors", td("w", 2))
 	writeFile(t, dir, "dup/b.safetensors", td("w", 2))
-	os.WriteFile(filepath.Join(dir, "dup", IndexFile), []byte(`{"weight_map":{"w":"a.safetensors","x":"b.safetensors"}}`), 0o644)
+	os.WriteFile(
+		filepath.Join(dir, "dup", IndexFile),
+		[]byte(`{"weight_map":{"w":"a.safetensors","x":"b.safetensors"}}`),
+		0o644,
+	)
 	os.MkdirAll(filepath.Join(dir, "empty-index"), 0o755)
 	os.WriteFile(filepath.Join(dir, "empty-index", IndexFile), []byte(`{}`), 0o644)
 	os.MkdirAll(filepath.Join(dir, "missing-file"), 0o755)
-	os.WriteFile(filepath.Join(dir, "missing-file", IndexFile), []byte(`{"weight_map":{"w":"gone.safetensors"}}`), 0o644)
+	os.WriteFile(
+		filepath.Join(dir, "missing-file", IndexFile),
+		[]byte(`{"weight_map":{"w":"gone.safetensors"}}`),
+		0o644,
+	)
 	os.MkdirAll(filepath.Join(dir, "escape"), 0o755)
 	os.WriteFile(filepath.Join(dir, "escape", IndexFile), []byte(`{"weight_map":{"w":"../dup/a.safetensors"}}`), 0o644)
 	os.MkdirAll(filepath.Join(dir, "bad"), 0o755)

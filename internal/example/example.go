@@ -166,7 +166,16 @@ func shapes() layout.Shapes {
 func Requests() map[string]api.ShardRequest {
 	s := shapes()
 	const p = "model.layers.0.self_attn."
-	qkv, err := layout.FusedQKV(s, p+"q_proj.weight", p+"k_proj.weight", p+"v_proj.weight", p+"qkv_proj.weight", api.BF16, HeadDim, layout.Rank{Size: 2, Index: 1})
+	qkv, err := layout.FusedQKV(
+		s,
+		p+"q_proj.weight",
+		p+"k_proj.weight",
+		p+"v_proj.weight",
+		p+"qkv_proj.weight",
+		api.BF16,
+		HeadDim,
+		layout.Rank{Size: 2, Index: 1},
+	)
 	if err != nil {
 		panic(err) // the shapes are this package's constants
 	}
@@ -175,7 +184,13 @@ func Requests() map[string]api.ShardRequest {
 		ex := fmt.Sprintf("model.layers.1.mlp.experts.%d.", e)
 		parts = append(parts, []string{ex + "gate_proj.weight", ex + "up_proj.weight"})
 	}
-	w13, err := layout.StackedExperts(s, parts, "model.layers.1.mlp.experts.w13_weight", api.BF16, layout.Rank{Size: 2, Index: 0})
+	w13, err := layout.StackedExperts(
+		s,
+		parts,
+		"model.layers.1.mlp.experts.w13_weight",
+		api.BF16,
+		layout.Rank{Size: 2, Index: 0},
+	)
 	if err != nil {
 		panic(err)
 	}
@@ -196,14 +211,33 @@ func CurlExamples(addr string, requests []string) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "  curl -s http://%s/v1/checkpoints\n", addr)
 	fmt.Fprintf(&b, "  curl -s 'http://%s/v1/tensors?checkpoint=%s'\n", addr, Name)
-	layout := fmt.Sprintf(`{"checkpoint": %q, "layout": {"engine": "vllm", "tensor_parallel_size": 2, "tp_rank": 1}}`, Name)
-	fmt.Fprintf(&b, "  curl -s -X POST http://%s/v1/layouts -H 'Content-Type: application/json' -d '%s'\n", addr, layout)
-	fmt.Fprintf(&b, "  curl -s -X POST http://%s/v1/shards -H 'Content-Type: application/json' -d '%s' -o vllm-tp2-rank1.bin\n", addr, layout)
+	layout := fmt.Sprintf(
+		`{"checkpoint": %q, "layout": {"engine": "vllm", "tensor_parallel_size": 2, "tp_rank": 1}}`,
+		Name,
+	)
+	fmt.Fprintf(
+		&b,
+		"  curl -s -X POST http://%s/v1/layouts -H 'Content-Type: application/json' -d '%s'\n",
+		addr,
+		layout,
+	)
+	fmt.Fprintf(
+		&b,
+		"  curl -s -X POST http://%s/v1/shards -H 'Content-Type: application/json' -d '%s' -o vllm-tp2-rank1.bin\n",
+		addr,
+		layout,
+	)
 	for _, path := range requests {
 		base := filepath.Base(path)
 		base = base[:len(base)-len(filepath.Ext(base))]
 		fmt.Fprintf(&b, "  curl -s -X POST http://%s/v1/plan -H 'Content-Type: application/json' -d @%s\n", addr, path)
-		fmt.Fprintf(&b, "  curl -s -X POST http://%s/v1/shards -H 'Content-Type: application/json' -d @%s -o %s.bin\n", addr, path, base)
+		fmt.Fprintf(
+			&b,
+			"  curl -s -X POST http://%s/v1/shards -H 'Content-Type: application/json' -d @%s -o %s.bin\n",
+			addr,
+			path,
+			base,
+		)
 	}
 	return b.String()
 }

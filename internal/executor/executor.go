@@ -62,8 +62,15 @@ func New(s store.Store, cfg Config) *Executor {
 	if cfg.Tracer == nil {
 		cfg.Tracer = noop.NewTracerProvider().Tracer("")
 	}
-	return &Executor{store: s, window: max(1, cfg.Window), maxRead: cfg.MaxRead, memory: semaphore.NewWeighted(cfg.MemoryBytes),
-		memoryBytes: cfg.MemoryBytes, admitWait: cfg.AdmitWait, tracer: cfg.Tracer}
+	return &Executor{
+		store:       s,
+		window:      max(1, cfg.Window),
+		maxRead:     cfg.MaxRead,
+		memory:      semaphore.NewWeighted(cfg.MemoryBytes),
+		memoryBytes: cfg.MemoryBytes,
+		admitWait:   cfg.AdmitWait,
+		tracer:      cfg.Tracer,
+	}
 }
 
 // Budget is the memory budget, in bytes.
@@ -160,7 +167,14 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan) (*Stream, error)
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &Stream{e: e, ctx: ctx, cancel: cancel, header: p.Header, results: make([]chan result, len(segs)), slots: make(chan struct{}, e.window)}
+	s := &Stream{
+		e:       e,
+		ctx:     ctx,
+		cancel:  cancel,
+		header:  p.Header,
+		results: make([]chan result, len(segs)),
+		slots:   make(chan struct{}, e.window),
+	}
 	for i := range s.results {
 		s.results[i] = make(chan result, 1)
 	}

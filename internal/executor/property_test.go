@@ -237,7 +237,10 @@ func randomOps(r *rand.Rand, src, dst tensor.DType) []tensor.Op {
 			case 3:
 				ops = append(ops, tensor.Op{Kind: tensor.OpExp})
 			default:
-				ops = append(ops, tensor.Op{Kind: tensor.OpCast, DType: tensor.AllDTypes[r.IntN(len(tensor.AllDTypes))]})
+				ops = append(
+					ops,
+					tensor.Op{Kind: tensor.OpCast, DType: tensor.AllDTypes[r.IntN(len(tensor.AllDTypes))]},
+				)
 			}
 		}
 		if _, err := tensor.NewPipeline(src, ops, dst); err == nil {
@@ -366,7 +369,17 @@ func propertyCase(t *testing.T, seed uint64) {
 	for i := range table {
 		p := &table[i]
 		p.ops = randomOps(r, p.src.dtype, dst)
-		apiBlocks = append(apiBlocks, api.Block{Offsets: p.off, Lengths: p.len, Source: p.src.name, Base: p.base, Coeff: p.coeff, Post: apiOps(p.ops)})
+		apiBlocks = append(
+			apiBlocks,
+			api.Block{
+				Offsets: p.off,
+				Lengths: p.len,
+				Source:  p.src.name,
+				Base:    p.base,
+				Coeff:   p.coeff,
+				Post:    apiOps(p.ops),
+			},
+		)
 	}
 	var boxes []api.Box
 	for range 1 + r.IntN(3) {
@@ -387,7 +400,10 @@ func propertyCase(t *testing.T, seed uint64) {
 	dir := t.TempDir()
 	var files []safetensors.TensorData
 	for _, s := range srcs {
-		files = append(files, safetensors.TensorData{Name: s.name, DType: s.dtype.String(), Shape: s.shape, Data: s.data})
+		files = append(
+			files,
+			safetensors.TensorData{Name: s.name, DType: s.dtype.String(), Shape: s.shape, Data: s.data},
+		)
 	}
 	var buf bytes.Buffer
 	safetensors.Write(&buf, files, nil)
@@ -398,7 +414,15 @@ func propertyCase(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := planner.Options{SegmentBytes: 1 + r.Int64N(256), SegmentReadBytes: 1 + r.Int64N(512), MaxGap: r.Int64N(64), MaxRead: 1 + r.Int64N(64), MaxReads: 1 << 20, MaxOverread: r.Int64N(4), Align: r.Int64N(3) * 16}
+	opts := planner.Options{
+		SegmentBytes:     1 + r.Int64N(256),
+		SegmentReadBytes: 1 + r.Int64N(512),
+		MaxGap:           r.Int64N(64),
+		MaxRead:          1 + r.Int64N(64),
+		MaxReads:         1 << 20,
+		MaxOverread:      r.Int64N(4),
+		Align:            r.Int64N(3) * 16,
+	}
 	plan, err := planner.New(req, ck, opts)
 	legal := true
 	for _, p := range table {
@@ -415,7 +439,8 @@ func propertyCase(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatalf("plan: %v\nrequest: %+v", err, req)
 	}
-	stream, err := executor.New(st, executor.Config{Window: 1 + r.IntN(4), MaxRead: opts.MaxRead, MemoryBytes: 1 + r.Int64N(4096), AdmitWait: time.Second}).Stream(context.Background(), plan)
+	stream, err := executor.New(st, executor.Config{Window: 1 + r.IntN(4), MaxRead: opts.MaxRead, MemoryBytes: 1 + r.Int64N(4096), AdmitWait: time.Second}).
+		Stream(context.Background(), plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -483,7 +508,15 @@ func propertyCase(t *testing.T, seed uint64) {
 			want = append(want, expect(b)...)
 		}
 		if !bytes.Equal(body, want) {
-			t.Fatalf("body differs from the brute-force evaluation\nshape %v dst %s boxes %v\nblocks %+v\ngot  %v\nwant %v", shape, dst, boxes, table, body, want)
+			t.Fatalf(
+				"body differs from the brute-force evaluation\nshape %v dst %s boxes %v\nblocks %+v\ngot  %v\nwant %v",
+				shape,
+				dst,
+				boxes,
+				table,
+				body,
+				want,
+			)
 		}
 		return
 	}
@@ -503,7 +536,8 @@ func propertyCase(t *testing.T, seed uint64) {
 		if len(boxes) > 1 {
 			fmt.Sscanf(ht.Name, "dst#%d", &i)
 		}
-		if !bytes.Equal(body[ht.Begin:ht.End], expect(boxes[i])) || !slices.Equal(ht.Shape, boxes[i].Lengths) || (ht.Begin-h.DataStart)%int64(dst.Size()) != 0 {
+		if !bytes.Equal(body[ht.Begin:ht.End], expect(boxes[i])) || !slices.Equal(ht.Shape, boxes[i].Lengths) ||
+			(ht.Begin-h.DataStart)%int64(dst.Size()) != 0 {
 			t.Fatalf("stored tensor %s differs from box %d", ht.Name, i)
 		}
 	}

@@ -80,8 +80,12 @@ func checkBounds(t *testing.T, p *Plan, opts Options) {
 // (DefaultOptions, which cmd/shardsrv gives a directory) and with S3's, it reads its bytes once.
 func TestTransposeReadsItsBytesOnce(t *testing.T) {
 	ck := bigCheckpoint(map[string][]int64{"w": {8192, 16384}})
-	req := oneBlock("t", []int64{16384, 8192}, api.Block{Offsets: []int64{0, 0}, Lengths: []int64{16384, 8192}, Source: "w",
-		Base: []int64{0, 0}, Coeff: [][]int64{{0, 1}, {1, 0}}})
+	req := oneBlock(
+		"t",
+		[]int64{16384, 8192},
+		api.Block{Offsets: []int64{0, 0}, Lengths: []int64{16384, 8192}, Source: "w",
+			Base: []int64{0, 0}, Coeff: [][]int64{{0, 1}, {1, 0}}},
+	)
 	s3 := DefaultOptions()
 	s3.MaxGap, s3.MaxRead, s3.SegmentBytes, s3.SegmentReadBytes, s3.MaxOverread, s3.Align = 1<<20, 8<<20, 16<<20, 32<<20, 16, 8<<20
 	for name, opts := range map[string]Options{"local": DefaultOptions(), "s3": s3} {
@@ -90,11 +94,22 @@ func TestTransposeReadsItsBytesOnce(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		if p.NeededBytes != 256<<20 || float64(p.ReadBytes) > 1.1*float64(p.BodyBytes) {
-			t.Errorf("%s: the transpose needs %d bytes and reads %d, %.1f× its %d bytes (want ≤ 1.1×)", name, p.NeededBytes, p.ReadBytes,
-				float64(p.ReadBytes)/float64(p.BodyBytes), p.BodyBytes)
+			t.Errorf(
+				"%s: the transpose needs %d bytes and reads %d, %.1f× its %d bytes (want ≤ 1.1×)",
+				name,
+				p.NeededBytes,
+				p.ReadBytes,
+				float64(p.ReadBytes)/float64(p.BodyBytes),
+				p.BodyBytes,
+			)
 		}
 		checkBounds(t, p, opts)
-		t.Logf("%s: read %.3f× the output in %d requests", name, float64(p.ReadBytes)/float64(p.BodyBytes), p.ReadRequests)
+		t.Logf(
+			"%s: read %.3f× the output in %d requests",
+			name,
+			float64(p.ReadBytes)/float64(p.BodyBytes),
+			p.ReadRequests,
+		)
 	}
 }
 
@@ -105,7 +120,17 @@ func TestEveryReadIsBoundedByMaxOverread(t *testing.T) {
 	ck := bigCheckpoint(map[string][]int64{"w": {256, 4096}})
 	sparse := oneBlock("t", []int64{64, 64}, api.Block{Offsets: []int64{0, 0}, Lengths: []int64{64, 64}, Source: "w",
 		Base: []int64{0, 0}, Coeff: [][]int64{{1, 0}, {0, 64}}})
-	point := oneBlock("t", []int64{1}, api.Block{Offsets: []int64{0}, Lengths: []int64{1}, Source: "w", Base: []int64{7, 100}, Coeff: [][]int64{{0}, {0}}})
+	point := oneBlock(
+		"t",
+		[]int64{1},
+		api.Block{
+			Offsets: []int64{0},
+			Lengths: []int64{1},
+			Source:  "w",
+			Base:    []int64{7, 100},
+			Coeff:   [][]int64{{0}, {0}},
+		},
+	)
 	for _, r := range []int64{0, 1, 3, 16} {
 		for _, align := range []int64{0, 4096, 8 << 20} {
 			opts := DefaultOptions()
@@ -127,10 +152,19 @@ func columns(n int64) (*api.ShardRequest, *checkpoint.Checkpoint) {
 	blocks := make([]api.Block, n)
 	id := [][]int64{{1, 0}, {0, 1}}
 	for j := range n {
-		blocks[j] = api.Block{Offsets: []int64{0, j}, Lengths: []int64{2, 1}, Source: "w", Base: []int64{0, j}, Coeff: id}
+		blocks[j] = api.Block{
+			Offsets: []int64{0, j},
+			Lengths: []int64{2, 1},
+			Source:  "w",
+			Base:    []int64{0, j},
+			Coeff:   id,
+		}
 	}
-	return &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{2, n},
-		Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{2, n}}}, Blocks: &blocks}}}, ck
+	return &api.ShardRequest{
+		Checkpoint: "ck",
+		Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{2, n},
+			Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{2, n}}}, Blocks: &blocks}},
+	}, ck
 }
 
 // grid is one box over an n x n grid of 1x1 blocks of an [n, n] tensor, transposing w, the blocks
@@ -140,11 +174,23 @@ func grid(n int64) (*api.ShardRequest, *checkpoint.Checkpoint) {
 	var blocks []api.Block
 	for j := range n {
 		for i := range n {
-			blocks = append(blocks, api.Block{Offsets: []int64{i, j}, Lengths: []int64{1, 1}, Source: "w", Base: []int64{j, i}, Coeff: [][]int64{{0, 1}, {1, 0}}})
+			blocks = append(
+				blocks,
+				api.Block{
+					Offsets: []int64{i, j},
+					Lengths: []int64{1, 1},
+					Source:  "w",
+					Base:    []int64{j, i},
+					Coeff:   [][]int64{{0, 1}, {1, 0}},
+				},
+			)
 		}
 	}
-	return &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{n, n},
-		Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{n, n}}}, Blocks: &blocks}}}, ck
+	return &api.ShardRequest{
+		Checkpoint: "ck",
+		Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{n, n},
+			Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{n, n}}}, Blocks: &blocks}},
+	}, ck
 }
 
 // points gives the request n one-element boxes, one per block.
@@ -308,7 +354,11 @@ func allocated(f func()) uint64 {
 }
 
 func broadcast(n int64) *api.ShardRequest {
-	return oneBlock("t", []int64{n}, api.Block{Offsets: []int64{0}, Lengths: []int64{n}, Source: "s", Base: []int64{0}, Coeff: [][]int64{{0}}})
+	return oneBlock(
+		"t",
+		[]int64{n},
+		api.Block{Offsets: []int64{0}, Lengths: []int64{n}, Source: "s", Base: []int64{0}, Coeff: [][]int64{{0}}},
+	)
 }
 
 // Issue 15, item 3: a 330-byte request broadcasting a 2-byte source into a BF16 [2^42] tensor
@@ -423,14 +473,16 @@ func TestOverlapsNameTheFirstBlock(t *testing.T) {
 	blocks[700].Offsets = []int64{0, 300} // a copy of column 300
 	_, err := New(req, ck, DefaultOptions())
 	var verr *ValidationError
-	if !errors.As(err, &verr) || verr.Errors[0].Pointer != "/tensors/0/blocks/700" || !strings.HasPrefix(verr.Errors[0].Detail, "overlaps block 300:") {
+	if !errors.As(err, &verr) || verr.Errors[0].Pointer != "/tensors/0/blocks/700" ||
+		!strings.HasPrefix(verr.Errors[0].Detail, "overlaps block 300:") {
 		t.Errorf("got %v", err)
 	}
 	req, ck = grid(40)
 	blocks = *req.Tensors[0].Blocks
 	blocks[900].Lengths = []int64{2, 2} // reaches into 901, 940 and 941
 	_, err = New(req, ck, DefaultOptions())
-	if !errors.As(err, &verr) || verr.Errors[0].Pointer != "/tensors/0/blocks/901" || !strings.HasPrefix(verr.Errors[0].Detail, "overlaps block 900:") {
+	if !errors.As(err, &verr) || verr.Errors[0].Pointer != "/tensors/0/blocks/901" ||
+		!strings.HasPrefix(verr.Errors[0].Detail, "overlaps block 900:") {
 		t.Errorf("got %v", err)
 	}
 }
@@ -496,7 +548,13 @@ func TestIndexFindsTheBlocksABoxMeets(t *testing.T) {
 		}
 		if !x.line && len(blocks) > 1 { // one more block, over a corner of another: they overlap
 			o := blocks[len(blocks)/2]
-			more := append(slices.Clone(blocks), blockSpec{index: len(blocks), Block: &api.Block{Offsets: o.Offsets, Lengths: slices.Repeat([]int64{1}, rank)}})
+			more := append(
+				slices.Clone(blocks),
+				blockSpec{
+					index: len(blocks),
+					Block: &api.Block{Offsets: o.Offsets, Lengths: slices.Repeat([]int64{1}, rank)},
+				},
+			)
 			if !newBlockIndex(more, c).anyOverlap(c) {
 				t.Fatalf("seed %d: an overlap went unseen", seed)
 			}
@@ -763,9 +821,20 @@ func TestRandomAffineTablesKeepTheirValues(t *testing.T) {
 			boxes = append(boxes, api.Box{Offsets: off, Lengths: lens})
 		}
 		dtype := []api.DType{api.BF16, api.F32, api.F64}[r.IntN(3)]
-		req := &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "t", Dtype: dtype, Shape: shape, Fill: fill, Boxes: boxes, Blocks: &blocks}}}
-		opts := Options{SegmentBytes: 1 + r.Int64N(256), SegmentReadBytes: 1 + r.Int64N(512), MaxGap: r.Int64N(64), MaxRead: 1 + r.Int64N(64),
-			MaxOverread: r.Int64N(4), Align: r.Int64N(3) * 16}
+		req := &api.ShardRequest{
+			Checkpoint: "ck",
+			Tensors: []api.TensorRequest{
+				{Name: "t", Dtype: dtype, Shape: shape, Fill: fill, Boxes: boxes, Blocks: &blocks},
+			},
+		}
+		opts := Options{
+			SegmentBytes:     1 + r.Int64N(256),
+			SegmentReadBytes: 1 + r.Int64N(512),
+			MaxGap:           r.Int64N(64),
+			MaxRead:          1 + r.Int64N(64),
+			MaxOverread:      r.Int64N(4),
+			Align:            r.Int64N(3) * 16,
+		}
 		p, err := New(req, ck, opts)
 		if err != nil {
 			var verr *ValidationError

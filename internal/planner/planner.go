@@ -79,10 +79,23 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(bytesize.Value{P: &o.MaxGap}, "max-gap",
 		"what one more read request costs, in bytes (`SIZE`): runs closer than this are read as one")
 	fs.Var(bytesize.Value{P: &o.MaxRead}, "max-read", "reads longer than this `SIZE` are split into parallel requests")
-	fs.Int64Var(&o.MaxReads, "max-reads", o.MaxReads, "refuse (422) a request whose plan needs more reads or segments than this")
-	fs.Int64Var(&o.MaxOverread, "max-overread", o.MaxOverread,
-		"a read (merged across gaps or aligned to cache chunks) may be at most this many times the bytes it needs, on every store")
-	fs.Var(bytesize.Value{P: &o.MaxOutputBytes}, "max-output-bytes", "largest response body (`SIZE`) a request may ask for (422 above)")
+	fs.Int64Var(
+		&o.MaxReads,
+		"max-reads",
+		o.MaxReads,
+		"refuse (422) a request whose plan needs more reads or segments than this",
+	)
+	fs.Int64Var(
+		&o.MaxOverread,
+		"max-overread",
+		o.MaxOverread,
+		"a read (merged across gaps or aligned to cache chunks) may be at most this many times the bytes it needs, on every store",
+	)
+	fs.Var(
+		bytesize.Value{P: &o.MaxOutputBytes},
+		"max-output-bytes",
+		"largest response body (`SIZE`) a request may ask for (422 above)",
+	)
 	fs.Var(bytesize.Value{P: &o.MaxPlanBytes}, "max-plan-bytes",
 		"most memory (`SIZE`) one plan may take while it is built and streamed, charged to --memory-bytes (422 above)")
 }
@@ -91,7 +104,9 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 func (o *Options) Validate() error {
 	if o.SegmentBytes <= 0 || o.SegmentReadBytes <= 0 || o.MaxRead <= 0 || o.MaxReads <= 0 || o.MaxGap < 0 ||
 		o.MaxOverread < 1 || o.MaxOutputBytes <= 0 || o.MaxPlanBytes <= 0 {
-		return errors.New("the planner's sizes and counts must be positive (--max-gap may be 0, --max-overread at least 1)")
+		return errors.New(
+			"the planner's sizes and counts must be positive (--max-gap may be 0, --max-overread at least 1)",
+		)
 	}
 	return nil
 }
@@ -173,7 +188,8 @@ type Piece struct {
 	Source  string
 	Offsets []int64
 	Lengths []int64
-	// Direct is hyper_parallel's _direct_axes (docs/references.md §1): every varying dimension walks a source dimension of its
+	// Direct is hyper_parallel's _direct_axes (docs/references.md §1): every varying dimension walks a source
+	// dimension of its
 	// own with step 1 and no post op applies.
 	Direct bool
 }
@@ -248,8 +264,11 @@ func newPlan(c *checker, req *api.ShardRequest, ck *checkpoint.Checkpoint, opts 
 				return nil, c.err
 			}
 			n, _ := tensor.CheckedProduct(box.Lengths...)
-			p.Items = append(p.Items, Item{Tensor: spec.index, Box: b, Name: spec.name, StoredName: name, DType: spec.dtype,
-				Offsets: box.Offsets, Lengths: box.Lengths, Bytes: n * int64(spec.dtype.Size())})
+			p.Items = append(
+				p.Items,
+				Item{Tensor: spec.index, Box: b, Name: spec.name, StoredName: name, DType: spec.dtype,
+					Offsets: box.Offsets, Lengths: box.Lengths, Bytes: n * int64(spec.dtype.Size())},
+			)
 		}
 	}
 	if p.Format == api.Safetensors {
@@ -274,9 +293,15 @@ func newPlan(c *checker, req *api.ShardRequest, ck *checkpoint.Checkpoint, opts 
 		}
 		it.Output = pos
 		if pos, ok = add(pos, it.Bytes); !ok || pos > opts.MaxOutputBytes {
-			detail := fmt.Sprintf("with this box the response would be more than %d bytes, the most this server sends in one response; "+
-				"split the request", opts.MaxOutputBytes)
-			return nil, &ValidationError{Total: 1, Errors: []FieldError{{fmt.Sprintf("/tensors/%d/boxes/%d", it.Tensor, it.Box), detail}}}
+			detail := fmt.Sprintf(
+				"with this box the response would be more than %d bytes, the most this server sends in one response; "+
+					"split the request",
+				opts.MaxOutputBytes,
+			)
+			return nil, &ValidationError{
+				Total:  1,
+				Errors: []FieldError{{fmt.Sprintf("/tensors/%d/boxes/%d", it.Tensor, it.Box), detail}},
+			}
 		}
 		pl.mem += 16 * int64(len(it.Lengths))
 		n, ok := pl.count(it.Lengths, int64(it.DType.Size()))
@@ -400,7 +425,8 @@ func (s *segmenter) piecesOf(spec *tensorSpec, it *Item) ([]Piece, error) {
 	return out, nil
 }
 
-// directAxes is hyper_parallel's _direct_axes (docs/references.md §1): true when no post op applies and every destination
+// directAxes is hyper_parallel's _direct_axes (docs/references.md §1): true when no post op applies and every
+// destination
 // dimension longer than one walks a source dimension of its own with step 1.
 func directAxes(b *blockSpec, lengths []int64) bool {
 	if b.Post != nil && len(*b.Post) > 0 {
@@ -458,10 +484,18 @@ func (p *Plan) layoutSafetensors(req *api.ShardRequest, ckpt string) error {
 	for i, it := range p.Items {
 		if _, dup := boxes[it.StoredName]; dup || it.StoredName == "__metadata__" {
 			return &ValidationError{Errors: []FieldError{{fmt.Sprintf("/tensors/%d/name", it.Tensor),
-				fmt.Sprintf("the safetensors name %q of this box is taken by another tensor or reserved", it.StoredName)}}}
+				fmt.Sprintf(
+					"the safetensors name %q of this box is taken by another tensor or reserved",
+					it.StoredName,
+				)}}}
 		}
 		boxes[it.StoredName] = placement{Tensor: it.Name, Offsets: it.Offsets, Shape: req.Tensors[it.Tensor].Shape}
-		entries[i] = safetensors.Entry{Name: it.StoredName, DType: it.DType.String(), Shape: it.Lengths, DataOffsets: [2]int64{off, off + it.Bytes}}
+		entries[i] = safetensors.Entry{
+			Name:        it.StoredName,
+			DType:       it.DType.String(),
+			Shape:       it.Lengths,
+			DataOffsets: [2]int64{off, off + it.Bytes},
+		}
 		off += it.Bytes
 	}
 	placements, _ := json.Marshal(boxes)

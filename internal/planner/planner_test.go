@@ -141,19 +141,50 @@ func manyBlocksSeed() string {
 	id, tr := [][]int64{{1, 0}, {0, 1}}, [][]int64{{0, 1}, {1, 0}}
 	var cols, grid []api.Block
 	for j := range int64(32) {
-		cols = append(cols, api.Block{Offsets: []int64{0, j}, Lengths: []int64{2, 1}, Source: "w", Base: []int64{3, j}, Coeff: id})
+		cols = append(
+			cols,
+			api.Block{Offsets: []int64{0, j}, Lengths: []int64{2, 1}, Source: "w", Base: []int64{3, j}, Coeff: id},
+		)
 	}
 	for i := range int64(4) {
 		for j := range int64(4) {
 			if i != 2 || j != 1 {
-				grid = append(grid, api.Block{Offsets: []int64{2 * i, 2 * j}, Lengths: []int64{2, 2}, Source: "w", Base: []int64{2 * j, 2*i + 8}, Coeff: tr})
+				grid = append(
+					grid,
+					api.Block{
+						Offsets: []int64{2 * i, 2 * j},
+						Lengths: []int64{2, 2},
+						Source:  "w",
+						Base:    []int64{2 * j, 2*i + 8},
+						Coeff:   tr,
+					},
+				)
 			}
 		}
 	}
 	fill, format := json.Number("-1"), api.Safetensors
 	body, _ := json.Marshal(api.ShardRequest{Checkpoint: "ck", Format: &format, Tensors: []api.TensorRequest{
-		{Name: "c", Dtype: api.F32, Shape: []int64{2, 32}, Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{2, 32}}, {Offsets: []int64{1, 5}, Lengths: []int64{1, 20}}}, Blocks: &cols},
-		{Name: "g", Dtype: api.BF16, Shape: []int64{8, 8}, Fill: &fill, Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{8, 8}}, {Offsets: []int64{3, 1}, Lengths: []int64{4, 6}}}, Blocks: &grid},
+		{
+			Name:  "c",
+			Dtype: api.F32,
+			Shape: []int64{2, 32},
+			Boxes: []api.Box{
+				{Offsets: []int64{0, 0}, Lengths: []int64{2, 32}},
+				{Offsets: []int64{1, 5}, Lengths: []int64{1, 20}},
+			},
+			Blocks: &cols,
+		},
+		{
+			Name:  "g",
+			Dtype: api.BF16,
+			Shape: []int64{8, 8},
+			Fill:  &fill,
+			Boxes: []api.Box{
+				{Offsets: []int64{0, 0}, Lengths: []int64{8, 8}},
+				{Offsets: []int64{3, 1}, Lengths: []int64{4, 6}},
+			},
+			Blocks: &grid,
+		},
 	}})
 	return string(body)
 }
@@ -168,7 +199,13 @@ func FuzzPlan(f *testing.F) {
 		if json.Unmarshal(body, &req) != nil {
 			return
 		}
-		opts := Options{SegmentBytes: 1 + abs(segment)%4096, SegmentReadBytes: 1 + abs(segment)%8192, MaxGap: abs(gap) % 512, MaxRead: 1 + abs(gap)%1024, MaxReads: 1 << 14}
+		opts := Options{
+			SegmentBytes:     1 + abs(segment)%4096,
+			SegmentReadBytes: 1 + abs(segment)%8192,
+			MaxGap:           abs(gap) % 512,
+			MaxRead:          1 + abs(gap)%1024,
+			MaxReads:         1 << 14,
+		}
 		p, err := New(&req, ck, opts)
 		if err != nil {
 			var verr *ValidationError
@@ -241,13 +278,22 @@ func TestDirectAxes(t *testing.T) {
 }
 
 func TestCoalesce(t *testing.T) {
-	reads := []Read{{Key: "b", Offset: 0, Length: 4}, {Key: "a", Offset: 100, Length: 10}, {Key: "a", Offset: 0, Length: 10},
-		{Key: "a", Offset: 15, Length: 5}, {Key: "a", Offset: 5, Length: 2}}
+	reads := []Read{
+		{Key: "b", Offset: 0, Length: 4},
+		{Key: "a", Offset: 100, Length: 10},
+		{Key: "a", Offset: 0, Length: 10},
+		{Key: "a", Offset: 15, Length: 5},
+		{Key: "a", Offset: 5, Length: 2},
+	}
 	for i := range reads {
 		reads[i].Needed = reads[i].Length
 	}
 	got := coalesce(slices.Clone(reads), Options{MaxGap: 5})
-	want := []Read{{Key: "a", Offset: 0, Length: 20, Needed: 15}, {Key: "a", Offset: 100, Length: 10, Needed: 10}, {Key: "b", Offset: 0, Length: 4, Needed: 4}}
+	want := []Read{
+		{Key: "a", Offset: 0, Length: 20, Needed: 15},
+		{Key: "a", Offset: 100, Length: 10, Needed: 10},
+		{Key: "b", Offset: 0, Length: 4, Needed: 4},
+	}
 	if !slices.Equal(got, want) {
 		t.Errorf("coalesce = %+v", got)
 	}
@@ -265,7 +311,11 @@ func TestCoalesce(t *testing.T) {
 func TestTooManyReadsIsRefused(t *testing.T) {
 	var req api.ShardRequest
 	json.Unmarshal([]byte(fuzzSeeds[0]), &req)
-	_, err := New(&req, testCheckpoint(), Options{SegmentBytes: 4, SegmentReadBytes: 4, MaxGap: 0, MaxRead: 4, MaxReads: 5})
+	_, err := New(
+		&req,
+		testCheckpoint(),
+		Options{SegmentBytes: 4, SegmentReadBytes: 4, MaxGap: 0, MaxRead: 4, MaxReads: 5},
+	)
 	var verr *ValidationError
 	if !errors.As(err, &verr) || verr.Schema {
 		t.Errorf("got %v, want a 422", err)
@@ -281,7 +331,17 @@ func TestFusedQKVReadsOnlyItsRows(t *testing.T) {
 		rows int64
 	}{{"q", 4096}, {"k", 1024}, {"v", 1024}} {
 		size := n.rows * 4096 * 2
-		ck.Tensors[n.name] = &checkpoint.Tensor{Key: "ck/f", Tensor: safetensors.Tensor{Name: n.name, DType: tensor.BF16, DTypeName: "BF16", Shape: []int64{n.rows, 4096}, Begin: off, End: off + size}}
+		ck.Tensors[n.name] = &checkpoint.Tensor{
+			Key: "ck/f",
+			Tensor: safetensors.Tensor{
+				Name:      n.name,
+				DType:     tensor.BF16,
+				DTypeName: "BF16",
+				Shape:     []int64{n.rows, 4096},
+				Begin:     off,
+				End:       off + size,
+			},
+		}
 		off += size
 	}
 	const tp, rank = 8, 3
@@ -293,11 +353,23 @@ func TestFusedQKVReadsOnlyItsRows(t *testing.T) {
 			src        string
 			dst, n, at int64
 		}{{"q", r * per, q, r * q}, {"k", r*per + q, kv, r * kv}, {"v", r*per + q + kv, kv, r * kv}} {
-			blocks = append(blocks, api.Block{Offsets: []int64{b.dst, 0}, Lengths: []int64{b.n, 4096}, Source: b.src, Base: []int64{b.at, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}})
+			blocks = append(
+				blocks,
+				api.Block{
+					Offsets: []int64{b.dst, 0},
+					Lengths: []int64{b.n, 4096},
+					Source:  b.src,
+					Base:    []int64{b.at, 0},
+					Coeff:   [][]int64{{1, 0}, {0, 1}},
+				},
+			)
 		}
 	}
-	req := api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "qkv", Dtype: api.BF16, Shape: []int64{tp * per, 4096},
-		Boxes: []api.Box{{Offsets: []int64{rank * per, 0}, Lengths: []int64{per, 4096}}}, Blocks: &blocks}}}
+	req := api.ShardRequest{
+		Checkpoint: "ck",
+		Tensors: []api.TensorRequest{{Name: "qkv", Dtype: api.BF16, Shape: []int64{tp * per, 4096},
+			Boxes: []api.Box{{Offsets: []int64{rank * per, 0}, Lengths: []int64{per, 4096}}}, Blocks: &blocks}},
+	}
 	opts := DefaultOptions()
 	opts.MaxGap = 1 << 20 // S3-like
 	p, err := New(&req, ck, opts)
@@ -305,7 +377,13 @@ func TestFusedQKVReadsOnlyItsRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.NeededBytes != per*4096*2 || p.ReadBytes != p.NeededBytes || p.ReadRequests != 3 {
-		t.Errorf("needed %d read %d in %d requests; want %d bytes in 3 requests", p.NeededBytes, p.ReadBytes, p.ReadRequests, per*4096*2)
+		t.Errorf(
+			"needed %d read %d in %d requests; want %d bytes in 3 requests",
+			p.NeededBytes,
+			p.ReadBytes,
+			p.ReadRequests,
+			per*4096*2,
+		)
 	}
 }
 
@@ -313,18 +391,29 @@ func TestFusedQKVReadsOnlyItsRows(t *testing.T) {
 // eighth of the weight and the scale rows covering it, not the whole tensor.
 func TestFP8DequantRankReadsItsEighth(t *testing.T) {
 	const rows, cols = 7168, 18432
-	w := &checkpoint.Tensor{Key: "ds/model-00001.safetensors", Version: "v", Tensor: safetensors.Tensor{Name: "w", DTypeName: "F8_E4M3", DType: tensor.F8E4M3,
-		Shape: []int64{rows, cols}, Begin: 4096, End: 4096 + rows*cols}}
-	s := &checkpoint.Tensor{Key: w.Key, Version: "v", Tensor: safetensors.Tensor{Name: "s", DTypeName: "F32", DType: tensor.F32,
-		Shape: []int64{56, 144}, Begin: w.End, End: w.End + 56*144*4}}
+	w := &checkpoint.Tensor{
+		Key:     "ds/model-00001.safetensors",
+		Version: "v",
+		Tensor: safetensors.Tensor{Name: "w", DTypeName: "F8_E4M3", DType: tensor.F8E4M3,
+			Shape: []int64{rows, cols}, Begin: 4096, End: 4096 + rows*cols},
+	}
+	s := &checkpoint.Tensor{
+		Key:     w.Key,
+		Version: "v",
+		Tensor: safetensors.Tensor{Name: "s", DTypeName: "F32", DType: tensor.F32,
+			Shape: []int64{56, 144}, Begin: w.End, End: w.End + 56*144*4},
+	}
 	ck := &checkpoint.Checkpoint{Name: "ds", Tensors: map[string]*checkpoint.Tensor{"w": w, "s": s}}
 	// S3's cost model without the cache (whose 8 MiB chunks a single cold rank would round to).
 	opts := DefaultOptions()
 	opts.MaxGap, opts.MaxRead, opts.SegmentBytes, opts.SegmentReadBytes, opts.MaxOverread = 1<<20, 8<<20, 16<<20, 32<<20, 16
 	for rank := range int64(8) {
-		req := api.ShardRequest{Checkpoint: "ds", Tensors: []api.TensorRequest{{Name: "w", Dtype: api.BF16, Shape: []int64{rows, cols},
-			Boxes:    []api.Box{{Offsets: []int64{rank * rows / 8, 0}, Lengths: []int64{rows / 8, cols}}},
-			Deferred: &api.Deferred{Op: api.Fp8BlockDequant, Sources: []string{"w", "s"}}}}}
+		req := api.ShardRequest{
+			Checkpoint: "ds",
+			Tensors: []api.TensorRequest{{Name: "w", Dtype: api.BF16, Shape: []int64{rows, cols},
+				Boxes:    []api.Box{{Offsets: []int64{rank * rows / 8, 0}, Lengths: []int64{rows / 8, cols}}},
+				Deferred: &api.Deferred{Op: api.Fp8BlockDequant, Sources: []string{"w", "s"}}}},
+		}
 		p, err := New(&req, ck, opts)
 		if err != nil {
 			t.Fatal(err)
@@ -336,11 +425,23 @@ func TestFP8DequantRankReadsItsEighth(t *testing.T) {
 			t.Errorf("rank %d needs %d bytes, want about %d", rank, p.NeededBytes, eighth+scaleRows)
 		}
 		if p.ReadBytes > p.NeededBytes+1<<20 {
-			t.Errorf("rank %d reads %d bytes of a %d-byte weight (%.3f of it)", rank, p.ReadBytes, rows*cols, float64(p.ReadBytes)/float64(rows*cols))
+			t.Errorf(
+				"rank %d reads %d bytes of a %d-byte weight (%.3f of it)",
+				rank,
+				p.ReadBytes,
+				rows*cols,
+				float64(p.ReadBytes)/float64(rows*cols),
+			)
 		}
 		if rank == 3 {
-			t.Logf("rank 3 reads %.1f MiB in %d requests: %.4f of the %.1f MiB weight (needed %.1f MiB)", float64(p.ReadBytes)/(1<<20), p.ReadRequests,
-				float64(p.ReadBytes)/float64(rows*cols), float64(rows*cols)/(1<<20), float64(p.NeededBytes)/(1<<20))
+			t.Logf(
+				"rank 3 reads %.1f MiB in %d requests: %.4f of the %.1f MiB weight (needed %.1f MiB)",
+				float64(p.ReadBytes)/(1<<20),
+				p.ReadRequests,
+				float64(p.ReadBytes)/float64(rows*cols),
+				float64(rows*cols)/(1<<20),
+				float64(p.NeededBytes)/(1<<20),
+			)
 		}
 		checkInvariantsFor(t, p)
 	}

@@ -51,16 +51,22 @@ func rowStrides(lengths []int64, elem int64) []int64 {
 // charge adds n bytes to the plan's memory, refusing past MaxPlanBytes.
 func (s *segmenter) charge(n int64) error {
 	if s.mem += n; s.mem > s.opts.MaxPlanBytes {
-		detail := fmt.Sprintf("the plan would take more than %d bytes of memory, the most this server gives one plan; split the request",
-			s.opts.MaxPlanBytes)
+		detail := fmt.Sprintf(
+			"the plan would take more than %d bytes of memory, the most this server gives one plan; split the request",
+			s.opts.MaxPlanBytes,
+		)
 		return &ValidationError{Errors: []FieldError{{fmt.Sprintf("/tensors/%d", s.tensor), detail}}, Total: 1}
 	}
 	return nil
 }
 
 func (s *segmenter) tooMany(what string, n, limit int64) error {
-	detail := fmt.Sprintf("the plan needs more than %d %s (at least %d); split the request or use a layout with longer contiguous runs",
-		limit, what, n)
+	detail := fmt.Sprintf(
+		"the plan needs more than %d %s (at least %d); split the request or use a layout with longer contiguous runs",
+		limit,
+		what,
+		n,
+	)
 	return &ValidationError{Errors: []FieldError{{fmt.Sprintf("/tensors/%d", s.tensor), detail}}, Total: 1}
 }
 
@@ -310,13 +316,23 @@ func (s *segmenter) plan1(b *blockSpec, layout tensor.Strided, src, dst int64, s
 		srcElem = 1 // addresses count nibbles
 	}
 	if run, ok := directRun(layout, srcElem, b.pipeline.Identity()); ok && !b.nibbles && run >= s.opts.MaxGap {
-		runs, err := s.runs(layout.Lengths[:max(0, len(layout.Lengths)-1)], layout.Src, layout.Dst, src, dst, s.committed+s.direct)
+		runs, err := s.runs(
+			layout.Lengths[:max(0, len(layout.Lengths)-1)],
+			layout.Src,
+			layout.Dst,
+			src,
+			dst,
+			s.committed+s.direct,
+		)
 		if err != nil {
 			return err
 		}
 		s.direct += int64(len(runs))
 		for _, r := range runs {
-			s.directs = append(s.directs, Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: run, Dst: r[1], Needed: run})
+			s.directs = append(
+				s.directs,
+				Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: run, Dst: r[1], Needed: run},
+			)
 		}
 		return nil
 	}
@@ -355,7 +371,13 @@ func (g *fusion) start(b *blockSpec, layout tensor.Strided, src, dst int64) {
 		g.buf = newScratch(len(layout.Lengths))
 	}
 	f := g.buf.reset()
-	f.Lengths, f.Src, f.Dst = append(f.Lengths, layout.Lengths...), append(f.Src, layout.Src...), append(f.Dst, layout.Dst...)
+	f.Lengths, f.Src, f.Dst = append(
+		f.Lengths,
+		layout.Lengths...), append(
+		f.Src,
+		layout.Src...), append(
+		f.Dst,
+		layout.Dst...)
 	g.b, g.layout, g.src, g.dst, g.k, g.lastS, g.lastD = b, f, src, dst, 1, src, dst
 }
 
@@ -364,7 +386,8 @@ func (g *fusion) start(b *blockSpec, layout tensor.Strided, src, dst int64) {
 // the destination and not backward in the source).
 func (g *fusion) extends(b *blockSpec, layout tensor.Strided, src, dst int64) bool {
 	if b.pipeline != g.b.pipeline || b.src.Key != g.b.src.Key || b.nibbles || !slices.Equal(layout.Lengths, g.layout.Lengths) ||
-		!slices.Equal(layout.Src, g.layout.Src) || !slices.Equal(layout.Dst, g.layout.Dst) {
+		!slices.Equal(layout.Src, g.layout.Src) ||
+		!slices.Equal(layout.Dst, g.layout.Dst) {
 		return false
 	}
 	dS, dD := src-g.lastS, dst-g.lastD

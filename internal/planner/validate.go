@@ -113,7 +113,12 @@ func validate(req *api.ShardRequest, ck *checkpoint.Checkpoint, c *checker) ([]t
 		t := &req.Tensors[i]
 		ptr := fmt.Sprintf("/tensors/%d", i)
 		if prev, dup := names[t.Name]; dup {
-			e.add(ptr+"/name", "tensor %q is already requested at /tensors/%d: names within a request are distinct", t.Name, prev)
+			e.add(
+				ptr+"/name",
+				"tensor %q is already requested at /tensors/%d: names within a request are distinct",
+				t.Name,
+				prev,
+			)
 		}
 		names[t.Name] = i
 		if spec, ok := validateTensor(e, ptr, i, t, ck, c, pipelines); ok {
@@ -180,7 +185,17 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 		if c.tick(1) {
 			return spec, false
 		}
-		b, ok := validateBlock(e, elemPtr{ptr, "blocks", j}, j, &blocks[j], t.Shape, dtype, ck, pipelines, strides[j*rank:(j+1)*rank:(j+1)*rank])
+		b, ok := validateBlock(
+			e,
+			elemPtr{ptr, "blocks", j},
+			j,
+			&blocks[j],
+			t.Shape,
+			dtype,
+			ck,
+			pipelines,
+			strides[j*rank:(j+1)*rank:(j+1)*rank],
+		)
 		if ok {
 			spec.blocks = append(spec.blocks, b)
 		}
@@ -207,7 +222,11 @@ func validateTensor(e *errs, ptr string, index int, t *api.TensorRequest, ck *ch
 		for b, box := range t.Boxes {
 			var missing int64
 			if missing, hits = uncovered(box, spec.blocks, spec.lookup, hits[:0], c); missing > 0 {
-				e.add(fmt.Sprintf("%s/boxes/%d", ptr, b), "%d elements of the box are covered by no block and the tensor has no fill", missing)
+				e.add(
+					fmt.Sprintf("%s/boxes/%d", ptr, b),
+					"%d elements of the box are covered by no block and the tensor has no fill",
+					missing,
+				)
 			}
 		}
 	}
@@ -231,7 +250,13 @@ func (p elemPtr) at(suffix string) string { return p.String() + suffix }
 func checkBox(e *errs, ptr elemPtr, offsets, lengths, shape []int64) bool {
 	before := len(e.Errors)
 	if len(offsets) != len(shape) || len(lengths) != len(shape) {
-		e.add(ptr.String(), "offsets %v and lengths %v need one entry per dimension of shape %v", offsets, lengths, shape)
+		e.add(
+			ptr.String(),
+			"offsets %v and lengths %v need one entry per dimension of shape %v",
+			offsets,
+			lengths,
+			shape,
+		)
 		return false
 	}
 	for d := range shape {
@@ -241,7 +266,14 @@ func checkBox(e *errs, ptr elemPtr, offsets, lengths, shape []int64) bool {
 		case lengths[d] < 1:
 			e.schema(fmt.Sprintf("%s/lengths/%d", ptr, d), "lengths are >= 1")
 		case offsets[d] > shape[d] || lengths[d] > shape[d]-offsets[d]:
-			e.add(ptr.String(), "[%d, %d) along dimension %d is outside the shape %v", offsets[d], offsets[d]+lengths[d], d, shape)
+			e.add(
+				ptr.String(),
+				"[%d, %d) along dimension %d is outside the shape %v",
+				offsets[d],
+				offsets[d]+lengths[d],
+				d,
+				shape,
+			)
 		}
 	}
 	return len(e.Errors) == before
@@ -249,8 +281,17 @@ func checkBox(e *errs, ptr elemPtr, offsets, lengths, shape []int64) bool {
 
 // pipelines shares conversions without post ops between blocks; strides is the block's srcStrides,
 // zeros, from one allocation for the whole table.
-func validateBlock(e *errs, ptr elemPtr, index int, b *api.Block, shape []int64, dst tensor.DType, ck *checkpoint.Checkpoint,
-	pipelines map[[2]tensor.DType]*tensor.Pipeline, strides []int64) (blockSpec, bool) {
+func validateBlock(
+	e *errs,
+	ptr elemPtr,
+	index int,
+	b *api.Block,
+	shape []int64,
+	dst tensor.DType,
+	ck *checkpoint.Checkpoint,
+	pipelines map[[2]tensor.DType]*tensor.Pipeline,
+	strides []int64,
+) (blockSpec, bool) {
 	before := len(e.Errors)
 	spec := blockSpec{index: index, Block: b}
 	checkBox(e, ptr, b.Offsets, b.Lengths, shape)
@@ -286,7 +327,12 @@ func validateBlock(e *errs, ptr elemPtr, index int, b *api.Block, shape []int64,
 	}
 	spec.src = src
 	if src.DType == 0 {
-		e.add(ptr.at("/source"), "checkpoint tensor %q has dtype %s, which this service cannot read", b.Source, src.DTypeName)
+		e.add(
+			ptr.at("/source"),
+			"checkpoint tensor %q has dtype %s, which this service cannot read",
+			b.Source,
+			src.DTypeName,
+		)
 	}
 	srank := len(src.Shape)
 	if len(b.Base) != srank {
@@ -297,7 +343,11 @@ func validateBlock(e *errs, ptr elemPtr, index int, b *api.Block, shape []int64,
 	}
 	for s, row := range b.Coeff {
 		if len(row) != len(shape) {
-			e.add(fmt.Sprintf("%s/coeff/%d", ptr, s), "each coeff row needs one step per destination dimension (%d)", len(shape))
+			e.add(
+				fmt.Sprintf("%s/coeff/%d", ptr, s),
+				"each coeff row needs one step per destination dimension (%d)",
+				len(shape),
+			)
 		}
 		for a, c := range row {
 			if c < 0 {
@@ -326,7 +376,14 @@ func validateBlock(e *errs, ptr elemPtr, index int, b *api.Block, shape []int64,
 			}
 		}
 		if !ok || last >= src.Shape[s] {
-			e.add(ptr.String(), "the block reads past the end of checkpoint tensor %q: dimension %d has size %d, the block reaches index %s", b.Source, s, src.Shape[s], reach(ok, last))
+			e.add(
+				ptr.String(),
+				"the block reads past the end of checkpoint tensor %q: dimension %d has size %d, the block reaches index %s",
+				b.Source,
+				s,
+				src.Shape[s],
+				reach(ok, last),
+			)
 			return spec, false
 		}
 	}
@@ -410,7 +467,11 @@ func checkOverlaps(e *errs, ptr string, blocks []blockSpec, idx *blockIndex, c *
 			return
 		}
 		if len(hits) > 0 && int(hits[0]) < i {
-			e.add(fmt.Sprintf("%s/blocks/%d", ptr, blocks[i].index), "overlaps block %d: blocks of one tensor must not share elements", blocks[hits[0]].index)
+			e.add(
+				fmt.Sprintf("%s/blocks/%d", ptr, blocks[i].index),
+				"overlaps block %d: blocks of one tensor must not share elements",
+				blocks[hits[0]].index,
+			)
 			return
 		}
 	}

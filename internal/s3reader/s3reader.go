@@ -57,7 +57,12 @@ const (
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "s3-endpoint", "",
 		"S3-compatible endpoint `URL` (path-style addressing); default AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, then AWS")
-	fs.StringVar(&c.Region, "s3-region", "", "S3 region; default from the AWS chain (AWS_REGION, profile), else us-east-1")
+	fs.StringVar(
+		&c.Region,
+		"s3-region",
+		"",
+		"S3 region; default from the AWS chain (AWS_REGION, profile), else us-east-1",
+	)
 	fs.IntVar(&c.MaxInFlight, "s3-max-in-flight", DefaultMaxInFlight,
 		"most S3 requests in flight across all streams; the connection pool keeps as many idle")
 	fs.DurationVar(&c.ReadTimeout, "s3-read-timeout", DefaultReadTimeout,
@@ -239,7 +244,15 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 		}
 		if want := int64(len(p) - done); aws.ToInt64(out.ContentLength) != want {
 			// A store that ignores or trims the range: the object is shorter than the read.
-			return false, fmt.Errorf("%s: %q: %w: asked for %d bytes at %d, got %d", s, key, store.ErrOutOfRange, want, start, aws.ToInt64(out.ContentLength))
+			return false, fmt.Errorf(
+				"%s: %q: %w: asked for %d bytes at %d, got %d",
+				s,
+				key,
+				store.ErrOutOfRange,
+				want,
+				start,
+				aws.ToInt64(out.ContentLength),
+			)
 		}
 		n, err := io.ReadFull(out.Body, p[done:])
 		done += n
@@ -281,7 +294,10 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 		full += "/"
 	}
 	var keys []string
-	pages := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.cfg.Bucket, Prefix: aws.String(full)})
+	pages := s3.NewListObjectsV2Paginator(
+		s.client,
+		&s3.ListObjectsV2Input{Bucket: &s.cfg.Bucket, Prefix: aws.String(full)},
+	)
 	for pages.HasMorePages() {
 		var page *s3.ListObjectsV2Output
 		err := s.retry(ctx, prefix, func(ctx context.Context) (bool, error) {
@@ -409,7 +425,12 @@ func (s *Store) mapErr(key string, err error) error {
 	case st == http.StatusNotFound || c == "NoSuchKey" || c == "NotFound":
 		return fmt.Errorf("%s: %w", what, store.ErrNotFound)
 	case st == http.StatusForbidden || c == "AccessDenied" || c == "InvalidAccessKeyId" || c == "SignatureDoesNotMatch":
-		return fmt.Errorf("%s: %w (%s): check the credentials and the bucket policy", what, store.ErrPermissionDenied, firstNonEmpty(c, "403"))
+		return fmt.Errorf(
+			"%s: %w (%s): check the credentials and the bucket policy",
+			what,
+			store.ErrPermissionDenied,
+			firstNonEmpty(c, "403"),
+		)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w", what, err)
 	case st == http.StatusServiceUnavailable || c == "SlowDown" || st == http.StatusTooManyRequests:

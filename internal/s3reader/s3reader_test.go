@@ -19,7 +19,10 @@ func TestS3Conformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{New: func(t *testing.T) (store.Store, func(string, []byte)) {
 		bucket := fmt.Sprintf("bucket-%d", buckets.Add(1))
 		g.CreateBucket(t, bucket)
-		s, err := s3reader.New(context.Background(), s3reader.Config{Bucket: bucket, Prefix: "root/dir", Endpoint: g.Endpoint})
+		s, err := s3reader.New(
+			context.Background(),
+			s3reader.Config{Bucket: bucket, Prefix: "root/dir", Endpoint: g.Endpoint},
+		)
 		if err != nil {
 			t.Fatal(err)
 		}

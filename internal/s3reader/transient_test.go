@@ -21,11 +21,18 @@ import (
 func responseError(status int, code string) error {
 	var err error = &smithy.GenericAPIError{Code: code, Message: "test"}
 	return &smithy.OperationError{ServiceID: "S3", OperationName: "GetObject", Err: &awshttp.ResponseError{
-		ResponseError: &smithyhttp.ResponseError{Response: &smithyhttp.Response{Response: &http.Response{StatusCode: status}}, Err: err}}}
+		ResponseError: &smithyhttp.ResponseError{
+			Response: &smithyhttp.Response{Response: &http.Response{StatusCode: status}},
+			Err:      err,
+		}}}
 }
 
 func sendError(err error) error {
-	return &smithy.OperationError{ServiceID: "S3", OperationName: "GetObject", Err: &smithyhttp.RequestSendError{Err: err}}
+	return &smithy.OperationError{
+		ServiceID:     "S3",
+		OperationName: "GetObject",
+		Err:           &smithyhttp.RequestSendError{Err: err},
+	}
 }
 
 func TestTransientClassification(t *testing.T) {

@@ -74,7 +74,14 @@ func HeaderLen(file string, prefix []byte, fileSize int64) (int64, error) {
 		return 0, &Error{File: file, Msg: fmt.Sprintf("header length %d exceeds the 100 MB limit", n)}
 	}
 	if int64(n) > fileSize-PrefixLen {
-		return 0, &Error{File: file, Msg: fmt.Sprintf("is not a safetensors file: it is too short for its header (%d bytes announced, %d in the file)", n, fileSize-PrefixLen)}
+		return 0, &Error{
+			File: file,
+			Msg: fmt.Sprintf(
+				"is not a safetensors file: it is too short for its header (%d bytes announced, %d in the file)",
+				n,
+				fileSize-PrefixLen,
+			),
+		}
 	}
 	return int64(n), nil
 }
@@ -129,7 +136,13 @@ func Parse(file string, header []byte, fileSize int64) (*Header, error) {
 	for i := range h.Tensors {
 		t := &h.Tensors[i]
 		if t.Begin != end || t.End < t.Begin {
-			return nil, fail(t.Name, "data_offsets [%d, %d] leave a hole or overlap another tensor (expected to start at %d)", t.Begin, t.End, end)
+			return nil, fail(
+				t.Name,
+				"data_offsets [%d, %d] leave a hole or overlap another tensor (expected to start at %d)",
+				t.Begin,
+				t.End,
+				end,
+			)
 		}
 		nbits, ok := int64(1), true
 		for _, d := range t.Shape {
@@ -145,14 +158,28 @@ func Parse(file string, header []byte, fileSize int64) (*Header, error) {
 			return nil, fail(t.Name, "shape %v of %s does not fill whole bytes", t.Shape, t.DTypeName)
 		}
 		if t.End-t.Begin != nbits/8 {
-			return nil, fail(t.Name, "data_offsets [%d, %d] hold %d bytes, shape %v of %s needs %d", t.Begin, t.End, t.End-t.Begin, t.Shape, t.DTypeName, nbits/8)
+			return nil, fail(
+				t.Name,
+				"data_offsets [%d, %d] hold %d bytes, shape %v of %s needs %d",
+				t.Begin,
+				t.End,
+				t.End-t.Begin,
+				t.Shape,
+				t.DTypeName,
+				nbits/8,
+			)
 		}
 		end = t.End
 		t.Begin += h.DataStart
 		t.End += h.DataStart
 	}
 	if h.DataStart+end != fileSize {
-		return nil, fail("", "the tensors cover %d bytes of data but the file holds %d after its header", end, fileSize-h.DataStart)
+		return nil, fail(
+			"",
+			"the tensors cover %d bytes of data but the file holds %d after its header",
+			end,
+			fileSize-h.DataStart,
+		)
 	}
 	return h, nil
 }
@@ -320,7 +347,12 @@ func Write(w io.Writer, tensors []TensorData, metadata map[string]string) error 
 	entries := make([]Entry, len(tensors))
 	var off int64
 	for i, t := range tensors {
-		entries[i] = Entry{Name: t.Name, DType: t.DType, Shape: t.Shape, DataOffsets: [2]int64{off, off + int64(len(t.Data))}}
+		entries[i] = Entry{
+			Name:        t.Name,
+			DType:       t.DType,
+			Shape:       t.Shape,
+			DataOffsets: [2]int64{off, off + int64(len(t.Data))},
+		}
 		off += int64(len(t.Data))
 	}
 	if _, err := w.Write(EncodeHeader(entries, metadata)); err != nil {

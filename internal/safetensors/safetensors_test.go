@@ -37,15 +37,30 @@ func TestRejects(t *testing.T) {
 		{"not json", file("{", 0), "JSON"},
 		{"x", file("{x}", 0), "JSON"},
 		{"invalid info", file(`{"test":{"dtype":"I32","shape":[2,2],"data_offsets":[0, 4]}}`, 0), "needs 16"},
-		{"overflow a", file(`{"test":{"dtype":"I32","shape":[2,18446744073709551614],"data_offsets":[0,16]}}`, 16), "shape"},
-		{"overflow b", file(`{"test":{"dtype":"I32","shape":[2,9223372036854775807],"data_offsets":[0,16]}}`, 16), "overflows"},
+		{
+			"overflow a",
+			file(`{"test":{"dtype":"I32","shape":[2,18446744073709551614],"data_offsets":[0,16]}}`, 16),
+			"shape",
+		},
+		{
+			"overflow b",
+			file(`{"test":{"dtype":"I32","shape":[2,9223372036854775807],"data_offsets":[0,16]}}`, 16),
+			"overflows",
+		},
 		{"polyglot", append(file(i32, 16), "extra_bogus_data_for_polyglot_file"...), "cover 16"},
 		{"truncated", file(i32, 14), "cover 16"},
 		{"F4 misaligned", file(`{"w":{"dtype":"F4","shape":[1,3],"data_offsets":[0,2]}}`, 2), "whole bytes"},
 		{"unknown dtype", file(`{"w":{"dtype":"Q7","shape":[2],"data_offsets":[0,1]}}`, 1), "Q7"},
 		{"no shape", file(`{"w":{"dtype":"F32","data_offsets":[0,0]}}`, 0), "shape"},
 		{"header past file", append(binary.LittleEndian.AppendUint64(nil, 1024), "{}"...), "too short"},
-		{"duplicate", file(`{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}`, 2), "twice"},
+		{
+			"duplicate",
+			file(
+				`{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}`,
+				2,
+			),
+			"twice",
+		},
 		{"metadata not strings", file(`{"__metadata__":{"a":1}}`, 0), "__metadata__"},
 		{"unknown field", file(`{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1}}`, 1), "unknown field"},
 		{"negative", file(`{"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}}`, 1), "shape"},
@@ -70,7 +85,8 @@ func TestRejects(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := parseFile(c.in)
 			var e *Error
-			if !errors.As(err, &e) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "f.safetensors") {
+			if !errors.As(err, &e) || !strings.Contains(err.Error(), c.want) ||
+				!strings.Contains(err.Error(), "f.safetensors") {
 				t.Errorf("got %v, want an error naming the file and containing %q", err, c.want)
 			}
 		})
@@ -88,7 +104,14 @@ func TestAccepts(t *testing.T) {
 		{"zero sized", file(`{"test":{"dtype":"I32","shape":[2,0],"data_offsets":[0, 0]}}`, 0), 1},
 		{"padded", []byte("\x06\x00\x00\x00\x00\x00\x00\x00{}\r \t\n"), 0},
 		{"leading whitespace", []byte("\x06\x00\x00\x00\x00\x00\x00\x00\t\n{}\r "), 0},
-		{"F4 and E8M0", file(`{"s":{"dtype":"F8_E8M0","shape":[2],"data_offsets":[1,3]},"w":{"dtype":"F4","shape":[1,2],"data_offsets":[0,1]}}`, 3), 2},
+		{
+			"F4 and E8M0",
+			file(
+				`{"s":{"dtype":"F8_E8M0","shape":[2],"data_offsets":[1,3]},"w":{"dtype":"F4","shape":[1,2],"data_offsets":[0,1]}}`,
+				3,
+			),
+			2,
+		},
 	}
 	for _, c := range cases {
 		h, err := parseFile(c.in)
@@ -103,12 +126,18 @@ func TestEncodeHeaderGolden(t *testing.T) {
 	if got := EncodeHeader(nil, nil); !bytes.Equal(got, append([]byte{8, 0, 0, 0, 0, 0, 0, 0, '{', '}'}, "      "...)) {
 		t.Errorf("empty: %q", got)
 	}
-	got := EncodeHeader([]Entry{{Name: "attn.0", DType: "F32", Shape: []int64{1, 2, 3}, DataOffsets: [2]int64{0, 24}}}, nil)
+	got := EncodeHeader(
+		[]Entry{{Name: "attn.0", DType: "F32", Shape: []int64{1, 2, 3}, DataOffsets: [2]int64{0, 24}}},
+		nil,
+	)
 	want := `{"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}}`
 	if binary.LittleEndian.Uint64(got) != 64 || string(got[8:]) != want {
 		t.Errorf("serialization: %q", got)
 	}
-	got = EncodeHeader([]Entry{{Name: "test", DType: "I32", Shape: []int64{2, 2}, DataOffsets: [2]int64{0, 16}}}, map[string]string{"framework": "pt"})
+	got = EncodeHeader(
+		[]Entry{{Name: "test", DType: "I32", Shape: []int64{2, 2}, DataOffsets: [2]int64{0, 16}}},
+		map[string]string{"framework": "pt"},
+	)
 	if binary.LittleEndian.Uint64(got) != 96 {
 		t.Errorf("with metadata: N = %d, want 96", binary.LittleEndian.Uint64(got))
 	}
@@ -127,7 +156,8 @@ func TestWriteRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.DataStart%8 != 0 || h.Tensors[1].Name != "a" || h.Tensors[1].Begin != h.DataStart+8 || h.Metadata["format"] != "pt" {
+	if h.DataStart%8 != 0 || h.Tensors[1].Name != "a" || h.Tensors[1].Begin != h.DataStart+8 ||
+		h.Metadata["format"] != "pt" {
 		t.Errorf("%+v", h)
 	}
 }
@@ -175,7 +205,8 @@ func TestRejectsNamesThatAreNotUTF8(t *testing.T) {
 	} {
 		h, err := parseFile(file("{"+c.name+entry+"}", 1))
 		var e *Error
-		if c.ok != (err == nil) || (err != nil && (!errors.As(err, &e) || !strings.Contains(err.Error(), "UTF-8") || e.File != "f.safetensors")) {
+		if c.ok != (err == nil) ||
+			(err != nil && (!errors.As(err, &e) || !strings.Contains(err.Error(), "UTF-8") || e.File != "f.safetensors")) {
 			t.Errorf("name %s: %v, want ok=%v", c.name, err, c.ok)
 		}
 		if c.ok && (h == nil || len(h.Tensors) != 1 || strings.ContainsRune(h.Tensors[0].Name, '\uFFFD')) {

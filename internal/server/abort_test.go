@@ -42,15 +42,39 @@ func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest)
 	for i := range data {
 		data[i] = byte(i)
 	}
-	writeCheckpoint(t, &harness{put: localPut(t, dir)}, "m", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data})
+	writeCheckpoint(
+		t,
+		&harness{put: localPut(t, dir)},
+		"m",
+		safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data},
+	)
 	local, _ := store.NewLocal(dir)
 	st := &failingStore{Store: local, ok: ok, err: err}
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 16 << 10 // 16 segments
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, MaxBodyBytes: 1 << 20})
+	srv := server.New(
+		server.Config{
+			Catalog: checkpoint.New(st),
+			Executor: executor.New(
+				st,
+				executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+			),
+			Planner:      opts,
+			MaxBodyBytes: 1 << 20,
+		},
+	)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return ts.URL, shardReq("m", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{64, 1024}, Boxes: whole(64, 1024), Blocks: copyOf("w", 64, 1024)})
+	return ts.URL, shardReq(
+		"m",
+		api.TensorRequest{
+			Name:   "w",
+			Dtype:  api.F32,
+			Shape:  []int64{64, 1024},
+			Boxes:  whole(64, 1024),
+			Blocks: copyOf("w", 64, 1024),
+		},
+	)
 }
 
 func post(t *testing.T, url string, req api.ShardRequest) (*http.Response, []byte, error) {
@@ -85,6 +109,11 @@ func TestFailureAfterHeadersAbortsTheConnection(t *testing.T) {
 		t.Fatalf("status %d", res.StatusCode)
 	}
 	if err == nil || int64(len(body)) >= res.ContentLength {
-		t.Fatalf("the client got %d of %d bytes and err %v; want a short body and an error", len(body), res.ContentLength, err)
+		t.Fatalf(
+			"the client got %d of %d bytes and err %v; want a short body and an error",
+			len(body),
+			res.ContentLength,
+			err,
+		)
 	}
 }

@@ -27,7 +27,12 @@ const chunk = 64 << 10
 func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, []byte) {
 	dir := t.TempDir()
 	data := pattern(int(rows*cols*2), 3)
-	writeCheckpoint(t, &harness{put: localPut(t, dir)}, "m", safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{rows, cols}, Data: data})
+	writeCheckpoint(
+		t,
+		&harness{put: localPut(t, dir)},
+		"m",
+		safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{rows, cols}, Data: data},
+	)
 	local, _ := store.NewLocal(dir)
 	counting := &storetest.Counting{Store: local}
 	c, err := cache.New(counting, 64<<20, chunk)
@@ -36,7 +41,17 @@ func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, 
 	}
 	opts := planner.DefaultOptions()
 	opts.Align = chunk
-	srv := server.New(server.Config{Catalog: checkpoint.New(c), Executor: executor.New(c, executor.Config{Window: 4, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, MaxBodyBytes: 1 << 20})
+	srv := server.New(
+		server.Config{
+			Catalog: checkpoint.New(c),
+			Executor: executor.New(
+				c,
+				executor.Config{Window: 4, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+			),
+			Planner:      opts,
+			MaxBodyBytes: 1 << 20,
+		},
+	)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	if res, err := http.Get(ts.URL + "/v1/tensors?checkpoint=m"); err == nil { // warm the catalog
@@ -70,7 +85,13 @@ func concurrently(t *testing.T, url string, reqs []api.ShardRequest) [][]byte {
 
 func headerLen(rows, cols int64) int64 {
 	var buf bytes.Buffer
-	safetensors.Write(&buf, []safetensors.TensorData{{Name: "w", DType: "BF16", Shape: []int64{rows, cols}, Data: make([]byte, rows*cols*2)}}, nil)
+	safetensors.Write(
+		&buf,
+		[]safetensors.TensorData{
+			{Name: "w", DType: "BF16", Shape: []int64{rows, cols}, Data: make([]byte, rows*cols*2)},
+		},
+		nil,
+	)
 	return int64(buf.Len()) - rows*cols*2
 }
 
@@ -92,7 +113,12 @@ func TestThirtyTwoClientsReadTheShardOnce(t *testing.T) {
 	end := start + 256*cols*2
 	aligned := (end+chunk-1)/chunk*chunk - start/chunk*chunk
 	if counting.Bytes() != aligned {
-		t.Errorf("storage read %d bytes for 32 clients; the shard is %d bytes, %d chunk-aligned", counting.Bytes(), end-start, aligned)
+		t.Errorf(
+			"storage read %d bytes for 32 clients; the shard is %d bytes, %d chunk-aligned",
+			counting.Bytes(),
+			end-start,
+			aligned,
+		)
 	}
 }
 
@@ -101,8 +127,19 @@ func TestEightRowParallelRanksReadTheTensorAboutOnce(t *testing.T) {
 	url, counting, data := cachedServer(t, rows, cols)
 	var reqs []api.ShardRequest
 	for r := range int64(tp) {
-		reqs = append(reqs, shardReq("m", api.TensorRequest{Name: "w", Dtype: api.BF16, Shape: []int64{rows, cols}, Blocks: copyOf("w", rows, cols),
-			Boxes: []api.Box{{Offsets: []int64{0, r * cols / tp}, Lengths: []int64{rows, cols / tp}}}}))
+		reqs = append(
+			reqs,
+			shardReq(
+				"m",
+				api.TensorRequest{
+					Name:   "w",
+					Dtype:  api.BF16,
+					Shape:  []int64{rows, cols},
+					Blocks: copyOf("w", rows, cols),
+					Boxes:  []api.Box{{Offsets: []int64{0, r * cols / tp}, Lengths: []int64{rows, cols / tp}}},
+				},
+			),
+		)
 	}
 	for r, body := range concurrently(t, url, reqs) {
 		for i := range int64(rows) {

@@ -53,13 +53,16 @@ func TestRoutesMatchSpec(t *testing.T) {
 	}
 	srv := server.New(server.Config{Planner: planner.DefaultOptions()})
 	var got []string
-	err := chi.Walk(srv.Handler().(chi.Routes), func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
-		got = append(got, method+" "+route)
-		if !want[method+" "+route] {
-			t.Errorf("route %s %s is not in openapi.yaml", method, route)
-		}
-		return nil
-	})
+	err := chi.Walk(
+		srv.Handler().(chi.Routes),
+		func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+			got = append(got, method+" "+route)
+			if !want[method+" "+route] {
+				t.Errorf("route %s %s is not in openapi.yaml", method, route)
+			}
+			return nil
+		},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

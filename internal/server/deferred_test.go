@@ -33,8 +33,12 @@ func TestFP8BlockDequantDCPVector(t *testing.T) {
 			safetensors.TensorData{Name: "w", DType: "F8_E4M3", Shape: []int64{8, 8}, Data: w},
 			safetensors.TensorData{Name: "w_scale_inv", DType: "F32", Shape: []int64{2, 2}, Data: f32(1, 2, 3, 4)})
 		window := []api.Box{{Offsets: []int64{2, 1}, Lengths: []int64{4, 4}}}
-		res := h.do("POST", "/v1/shards", shardReq("fp8", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{8, 8}, Boxes: window,
-			Deferred: dequant([]string{"w", "w_scale_inv"}, 4, 4)}))
+		res := h.do(
+			"POST",
+			"/v1/shards",
+			shardReq("fp8", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{8, 8}, Boxes: window,
+				Deferred: dequant([]string{"w", "w_scale_inv"}, 4, 4)}),
+		)
 		want := []float32{2, 2, 2, 4, 2, 2, 2, 4, 6, 6, 6, 8, 6, 6, 6, 8}
 		if res.status != 200 || !slices.Equal(readF32(res.body), want) {
 			t.Fatalf("%d %v, want quadrants 2, 4, 6, 8: %v", res.status, readF32(res.body), want)
@@ -61,12 +65,24 @@ func TestFP8BlockDequantRaggedAgainstBruteForce(t *testing.T) {
 				scale[i] = tensor.F32FromBF16(tensor.BF16FromF32(float32(r.NormFloat64() * 100)))
 			}
 			scale[0] = float32(math.Ldexp(1, -120)) // pushes products into subnormals
-			writeCheckpoint(t, h, "rag", safetensors.TensorData{Name: "w", DType: wt.String(), Shape: []int64{rows, cols}, Data: w},
-				safetensors.TensorData{Name: "s", DType: "BF16", Shape: []int64{3, 2}, Data: bf16(scale...)})
-			boxes := []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{rows, cols}}, {Offsets: []int64{3, 2}, Lengths: []int64{2, 5}}}
+			writeCheckpoint(
+				t,
+				h,
+				"rag",
+				safetensors.TensorData{Name: "w", DType: wt.String(), Shape: []int64{rows, cols}, Data: w},
+				safetensors.TensorData{Name: "s", DType: "BF16", Shape: []int64{3, 2}, Data: bf16(scale...)},
+			)
+			boxes := []api.Box{
+				{Offsets: []int64{0, 0}, Lengths: []int64{rows, cols}},
+				{Offsets: []int64{3, 2}, Lengths: []int64{2, 5}},
+			}
 			for _, dt := range []api.DType{api.BF16, api.F32} {
-				res := h.do("POST", "/v1/shards", shardReq("rag", api.TensorRequest{Name: "d", Dtype: dt, Shape: []int64{rows, cols}, Boxes: boxes,
-					Deferred: dequant([]string{"w", "s"}, 2, 4)}))
+				res := h.do(
+					"POST",
+					"/v1/shards",
+					shardReq("rag", api.TensorRequest{Name: "d", Dtype: dt, Shape: []int64{rows, cols}, Boxes: boxes,
+						Deferred: dequant([]string{"w", "s"}, 2, 4)}),
+				)
 				var want []byte
 				for _, b := range boxes {
 					for i := b.Offsets[0]; i < b.Offsets[0]+b.Lengths[0]; i++ {
@@ -112,22 +128,71 @@ func TestInvalidDeferredRequests(t *testing.T) {
 			status  int
 			pointer string
 		}{
-			{"unknown op", tr(api.F32, []int64{8, 8}, &api.Deferred{Op: "mxfp8", Sources: []string{"w", "s"}}), 400, "/tensors/0/deferred/op"},
-			{"one source", tr(api.F32, []int64{8, 8}, dequant([]string{"w"}, 4, 4)), 422, "/tensors/0/deferred/sources"},
-			{"same source twice", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "w"}, 4, 4)), 422, "/tensors/0/deferred/sources/1"},
-			{"missing source", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "nope"}, 4, 4)), 422, "/tensors/0/deferred/sources/1"},
-			{"weight not FP8", tr(api.F32, []int64{8, 8}, dequant([]string{"f", "s"}, 4, 4)), 422, "/tensors/0/deferred/sources/0"},
-			{"scale not float", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "i"}, 4, 4)), 422, "/tensors/0/deferred/sources/1"},
-			{"scale shape", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s3"}, 4, 4)), 422, "/tensors/0/deferred/sources/1"},
-			{"default block", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s"})), 422, "/tensors/0/deferred/sources/1"},
-			{"zero block", tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s"}, 0, 4)), 400, "/tensors/0/deferred/params/block"},
+			{
+				"unknown op",
+				tr(api.F32, []int64{8, 8}, &api.Deferred{Op: "mxfp8", Sources: []string{"w", "s"}}),
+				400,
+				"/tensors/0/deferred/op",
+			},
+			{
+				"one source",
+				tr(api.F32, []int64{8, 8}, dequant([]string{"w"}, 4, 4)),
+				422,
+				"/tensors/0/deferred/sources",
+			},
+			{
+				"same source twice",
+				tr(api.F32, []int64{8, 8}, dequant([]string{"w", "w"}, 4, 4)),
+				422,
+				"/tensors/0/deferred/sources/1",
+			},
+			{
+				"missing source",
+				tr(api.F32, []int64{8, 8}, dequant([]string{"w", "nope"}, 4, 4)),
+				422,
+				"/tensors/0/deferred/sources/1",
+			},
+			{
+				"weight not FP8",
+				tr(api.F32, []int64{8, 8}, dequant([]string{"f", "s"}, 4, 4)),
+				422,
+				"/tensors/0/deferred/sources/0",
+			},
+			{
+				"scale not float",
+				tr(api.F32, []int64{8, 8}, dequant([]string{"w", "i"}, 4, 4)),
+				422,
+				"/tensors/0/deferred/sources/1",
+			},
+			{
+				"scale shape",
+				tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s3"}, 4, 4)),
+				422,
+				"/tensors/0/deferred/sources/1",
+			},
+			{
+				"default block",
+				tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s"})),
+				422,
+				"/tensors/0/deferred/sources/1",
+			},
+			{
+				"zero block",
+				tr(api.F32, []int64{8, 8}, dequant([]string{"w", "s"}, 0, 4)),
+				400,
+				"/tensors/0/deferred/params/block",
+			},
 			{"tensor shape", tr(api.F32, []int64{4, 16}, ok()), 422, "/tensors/0/shape"},
 			{"integer output", tr(api.I32, []int64{8, 8}, ok()), 422, "/tensors/0/dtype"},
 			{"blocks beside", withBlocks, 422, "/tensors/0/deferred"},
 		}
 		for _, c := range cases {
 			res := h.do("POST", "/v1/plan", shardReq("q", c.t))
-			if res.status != c.status || res.problem.Errors == nil || !slices.ContainsFunc(*res.problem.Errors, func(e api.FieldError) bool { return e.Pointer == c.pointer }) {
+			if res.status != c.status || res.problem.Errors == nil ||
+				!slices.ContainsFunc(
+					*res.problem.Errors,
+					func(e api.FieldError) bool { return e.Pointer == c.pointer },
+				) {
 				t.Errorf("%s: %d %s, want %d at %s", c.name, res.status, res.body, c.status, c.pointer)
 			}
 		}
@@ -149,9 +214,23 @@ func TestMXFP4DequantAgainstBruteForce(t *testing.T) {
 			blocks[i] = byte(r.IntN(256))
 		}
 		scales := []byte{127, 0, 254, 255, 128, 1, 126, 130, 125, 127, 64, 200}
-		writeCheckpoint(t, h, "oss",
-			safetensors.TensorData{Name: "mlp1_weight.blocks", DType: "U8", Shape: []int64{experts, rows, groups, 16}, Data: blocks},
-			safetensors.TensorData{Name: "mlp1_weight.scales", DType: "U8", Shape: []int64{experts, rows, groups}, Data: scales})
+		writeCheckpoint(
+			t,
+			h,
+			"oss",
+			safetensors.TensorData{
+				Name:  "mlp1_weight.blocks",
+				DType: "U8",
+				Shape: []int64{experts, rows, groups, 16},
+				Data:  blocks,
+			},
+			safetensors.TensorData{
+				Name:  "mlp1_weight.scales",
+				DType: "U8",
+				Shape: []int64{experts, rows, groups},
+				Data:  scales,
+			},
+		)
 		value := func(e, c, row int64) float32 {
 			b := blocks[((e*rows+row)*groups+c/32)*16+(c%32)/2]
 			code := b & 0xF
@@ -165,10 +244,20 @@ func TestMXFP4DequantAgainstBruteForce(t *testing.T) {
 			return fp4[code] * float32(math.Ldexp(1, int(s)-127))
 		}
 		shape := []int64{experts, groups * 32, rows}
-		boxes := []api.Box{{Offsets: []int64{0, 0, 0}, Lengths: shape}, {Offsets: []int64{1, 30, 1}, Lengths: []int64{1, 5, 2}}}
+		boxes := []api.Box{
+			{Offsets: []int64{0, 0, 0}, Lengths: shape},
+			{Offsets: []int64{1, 30, 1}, Lengths: []int64{1, 5, 2}},
+		}
 		for _, dt := range []api.DType{api.BF16, api.F32} {
-			res := h.do("POST", "/v1/shards", shardReq("oss", api.TensorRequest{Name: "w", Dtype: dt, Shape: shape, Boxes: boxes,
-				Deferred: &api.Deferred{Op: api.Mxfp4Dequant, Sources: []string{"mlp1_weight.blocks", "mlp1_weight.scales"}}}))
+			res := h.do(
+				"POST",
+				"/v1/shards",
+				shardReq("oss", api.TensorRequest{Name: "w", Dtype: dt, Shape: shape, Boxes: boxes,
+					Deferred: &api.Deferred{
+						Op:      api.Mxfp4Dequant,
+						Sources: []string{"mlp1_weight.blocks", "mlp1_weight.scales"},
+					}}),
+			)
 			var want []byte
 			for _, b := range boxes {
 				for e := b.Offsets[0]; e < b.Offsets[0]+b.Lengths[0]; e++ {
@@ -189,8 +278,23 @@ func TestMXFP4DequantAgainstBruteForce(t *testing.T) {
 			}
 		}
 		// The wrong result shape is a 422 naming the shape transformers' reading gives.
-		res := h.do("POST", "/v1/plan", shardReq("oss", api.TensorRequest{Name: "w", Dtype: api.BF16, Shape: []int64{experts, rows, groups * 32}, Boxes: whole(experts, rows, groups*32),
-			Deferred: &api.Deferred{Op: api.Mxfp4Dequant, Sources: []string{"mlp1_weight.blocks", "mlp1_weight.scales"}}}))
+		res := h.do(
+			"POST",
+			"/v1/plan",
+			shardReq(
+				"oss",
+				api.TensorRequest{
+					Name:  "w",
+					Dtype: api.BF16,
+					Shape: []int64{experts, rows, groups * 32},
+					Boxes: whole(experts, rows, groups*32),
+					Deferred: &api.Deferred{
+						Op:      api.Mxfp4Dequant,
+						Sources: []string{"mlp1_weight.blocks", "mlp1_weight.scales"},
+					},
+				},
+			),
+		)
 		if res.status != 422 || !strings.Contains(string(res.body), "[2 64 3]") {
 			t.Errorf("wrong shape: %d %s", res.status, res.body)
 		}
@@ -220,10 +324,17 @@ func TestLoRAMergeAgainstBruteForce(t *testing.T) {
 			safetensors.TensorData{Name: "A", DType: "F32", Shape: []int64{rank, in}, Data: f32(a...)},
 			safetensors.TensorData{Name: "B", DType: "BF16", Shape: []int64{out, rank}, Data: bf16(b...)})
 		alpha := 4.0
-		boxes := []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{out, in}}, {Offsets: []int64{2, 1}, Lengths: []int64{3, 3}}}
+		boxes := []api.Box{
+			{Offsets: []int64{0, 0}, Lengths: []int64{out, in}},
+			{Offsets: []int64{2, 1}, Lengths: []int64{3, 3}},
+		}
 		for _, dt := range []api.DType{api.F32, api.BF16} {
 			req := shardReq("lora", api.TensorRequest{Name: "merged", Dtype: dt, Shape: []int64{out, in}, Boxes: boxes,
-				Deferred: &api.Deferred{Op: api.LoraMerge, Sources: []string{"W", "A", "B"}, Params: &api.DeferredParams{Alpha: &alpha}}})
+				Deferred: &api.Deferred{
+					Op:      api.LoraMerge,
+					Sources: []string{"W", "A", "B"},
+					Params:  &api.DeferredParams{Alpha: &alpha},
+				}})
 			res := h.do("POST", "/v1/shards", req)
 			var want []byte
 			for _, bx := range boxes {
@@ -246,9 +357,13 @@ func TestLoRAMergeAgainstBruteForce(t *testing.T) {
 				t.Fatalf("%s: %d\n got %x\nwant %x", dt, res.status, res.body, want)
 			}
 		}
-		bad := shardReq("lora", api.TensorRequest{Name: "m", Dtype: api.F32, Shape: []int64{out, in}, Boxes: whole(out, in),
-			Deferred: &api.Deferred{Op: api.LoraMerge, Sources: []string{"W", "B", "A"}}})
-		if res := h.do("POST", "/v1/plan", bad); res.status != 422 || !strings.Contains(string(res.body), "/tensors/0/deferred/sources") {
+		bad := shardReq(
+			"lora",
+			api.TensorRequest{Name: "m", Dtype: api.F32, Shape: []int64{out, in}, Boxes: whole(out, in),
+				Deferred: &api.Deferred{Op: api.LoraMerge, Sources: []string{"W", "B", "A"}}},
+		)
+		if res := h.do("POST", "/v1/plan", bad); res.status != 422 ||
+			!strings.Contains(string(res.body), "/tensors/0/deferred/sources") {
 			t.Errorf("swapped adapters: %d %s", res.status, res.body)
 		}
 	})
@@ -258,13 +373,31 @@ func TestLoRAMergeAgainstBruteForce(t *testing.T) {
 func TestE8M0SourcesInBlocks(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		scales := []byte{127, 128, 0, 254, 255, 120}
-		writeCheckpoint(t, h, "mx", safetensors.TensorData{Name: "s", DType: "F8_E8M0", Shape: []int64{6}, Data: scales})
+		writeCheckpoint(
+			t,
+			h,
+			"mx",
+			safetensors.TensorData{Name: "s", DType: "F8_E8M0", Shape: []int64{6}, Data: scales},
+		)
 		three := 3.0
 		block := func(post *[]api.PostOp) *[]api.Block {
-			return &[]api.Block{{Offsets: []int64{0}, Lengths: []int64{6}, Source: "s", Base: []int64{0}, Coeff: [][]int64{{1}}, Post: post}}
+			return &[]api.Block{
+				{
+					Offsets: []int64{0},
+					Lengths: []int64{6},
+					Source:  "s",
+					Base:    []int64{0},
+					Coeff:   [][]int64{{1}},
+					Post:    post,
+				},
+			}
 		}
-		res := h.do("POST", "/v1/shards", shardReq("mx", api.TensorRequest{Name: "x", Dtype: api.F32, Shape: []int64{6}, Boxes: whole(6),
-			Blocks: block(&[]api.PostOp{{Op: "mul", Value: &three}})}))
+		res := h.do(
+			"POST",
+			"/v1/shards",
+			shardReq("mx", api.TensorRequest{Name: "x", Dtype: api.F32, Shape: []int64{6}, Boxes: whole(6),
+				Blocks: block(&[]api.PostOp{{Op: "mul", Value: &three}})}),
+		)
 		got := readF32(res.body)
 		for i, s := range scales {
 			want := float32(3 * math.Ldexp(1, int(s)-127))
@@ -278,10 +411,16 @@ func TestE8M0SourcesInBlocks(t *testing.T) {
 				t.Errorf("scale %d: %v, want %v", s, got[i], want)
 			}
 		}
-		if res := h.do("POST", "/v1/shards", shardReq("mx", api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)})); res.status != 200 || string(res.body) != string(scales) {
+		if res := h.do("POST", "/v1/shards", shardReq("mx", api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)})); res.status != 200 ||
+			string(res.body) != string(scales) {
 			t.Errorf("an F8_E8M0 copy: %d %x", res.status, res.body)
 		}
-		writeCheckpoint(t, h, "f", safetensors.TensorData{Name: "s", DType: "F32", Shape: []int64{6}, Data: make([]byte, 24)})
+		writeCheckpoint(
+			t,
+			h,
+			"f",
+			safetensors.TensorData{Name: "s", DType: "F32", Shape: []int64{6}, Data: make([]byte, 24)},
+		)
 		if res := h.do("POST", "/v1/plan", shardReq("f", api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)})); res.status != 422 {
 			t.Errorf("F32 to F8_E8M0 must be refused: %d %s", res.status, res.body)
 		}
@@ -301,9 +440,21 @@ func TestF4SourcesInBlocks(t *testing.T) {
 		}
 		two := 2.0
 		// t[a][b] = 2 * q[b][a]: a transpose with a post op.
-		res := h.do("POST", "/v1/shards", shardReq("f4", api.TensorRequest{Name: "t", Dtype: api.F32, Shape: []int64{4, 3}, Boxes: whole(4, 3),
-			Blocks: &[]api.Block{{Offsets: []int64{0, 0}, Lengths: []int64{4, 3}, Source: "q", Base: []int64{0, 0}, Coeff: [][]int64{{0, 1}, {1, 0}},
-				Post: &[]api.PostOp{{Op: "mul", Value: &two}}}}}))
+		res := h.do(
+			"POST",
+			"/v1/shards",
+			shardReq("f4", api.TensorRequest{Name: "t", Dtype: api.F32, Shape: []int64{4, 3}, Boxes: whole(4, 3),
+				Blocks: &[]api.Block{
+					{
+						Offsets: []int64{0, 0},
+						Lengths: []int64{4, 3},
+						Source:  "q",
+						Base:    []int64{0, 0},
+						Coeff:   [][]int64{{0, 1}, {1, 0}},
+						Post:    &[]api.PostOp{{Op: "mul", Value: &two}},
+					},
+				}}),
+		)
 		var want []float32
 		for a := range int64(4) {
 			for b := range int64(3) {
@@ -314,14 +465,30 @@ func TestF4SourcesInBlocks(t *testing.T) {
 			t.Errorf("transpose: %d %v, want %v", res.status, got, want)
 		}
 		// Every other element of row 1 from element 1 (odd nibbles), into BF16.
-		res = h.do("POST", "/v1/shards", shardReq("f4", api.TensorRequest{Name: "s", Dtype: api.BF16, Shape: []int64{2}, Boxes: whole(2),
-			Blocks: &[]api.Block{{Offsets: []int64{0}, Lengths: []int64{2}, Source: "q", Base: []int64{1, 1}, Coeff: [][]int64{{0}, {2}}}}}))
+		res = h.do(
+			"POST",
+			"/v1/shards",
+			shardReq("f4", api.TensorRequest{Name: "s", Dtype: api.BF16, Shape: []int64{2}, Boxes: whole(2),
+				Blocks: &[]api.Block{
+					{
+						Offsets: []int64{0},
+						Lengths: []int64{2},
+						Source:  "q",
+						Base:    []int64{1, 1},
+						Coeff:   [][]int64{{0}, {2}},
+					},
+				}}),
+		)
 		if want := bf16(elem(1, 1), elem(1, 3)); res.status != 200 || string(res.body) != string(want) {
 			t.Errorf("strided: %d %x, want %x", res.status, res.body, want)
 		}
 		// A box that starts mid-byte: rows 1-2, columns 1-3.
-		res = h.do("POST", "/v1/shards", shardReq("f4", api.TensorRequest{Name: "c", Dtype: api.F32, Shape: []int64{3, 4},
-			Boxes: []api.Box{{Offsets: []int64{1, 1}, Lengths: []int64{2, 3}}}, Blocks: copyOf("q", 3, 4)}))
+		res = h.do(
+			"POST",
+			"/v1/shards",
+			shardReq("f4", api.TensorRequest{Name: "c", Dtype: api.F32, Shape: []int64{3, 4},
+				Boxes: []api.Box{{Offsets: []int64{1, 1}, Lengths: []int64{2, 3}}}, Blocks: copyOf("q", 3, 4)}),
+		)
 		want = nil
 		for i := int64(1); i < 3; i++ {
 			for j := int64(1); j < 4; j++ {

@@ -14,11 +14,20 @@ import (
 )
 
 func fixture(t *testing.T, h *harness) {
-	writeCheckpoint(t, h, "m",
+	writeCheckpoint(
+		t,
+		h,
+		"m",
 		safetensors.TensorData{Name: "a", DType: "F32", Shape: []int64{4, 3}, Data: f32(arange(0, 12)...)},
-		safetensors.TensorData{Name: "step", DType: "I64", Shape: []int64{}, Data: binary.LittleEndian.AppendUint64(nil, 7)},
+		safetensors.TensorData{
+			Name:  "step",
+			DType: "I64",
+			Shape: []int64{},
+			Data:  binary.LittleEndian.AppendUint64(nil, 7),
+		},
 		safetensors.TensorData{Name: "n", DType: "BF16", Shape: []int64{3}, Data: bf16(0.5, 1.5, 2.5)},
-		safetensors.TensorData{Name: "i", DType: "I32", Shape: []int64{2}, Data: make([]byte, 8)})
+		safetensors.TensorData{Name: "i", DType: "I32", Shape: []int64{2}, Data: make([]byte, 8)},
+	)
 }
 
 func copyOf(src string, shape ...int64) *[]api.Block {
@@ -27,16 +36,34 @@ func copyOf(src string, shape ...int64) *[]api.Block {
 		coeff[s] = make([]int64, len(shape))
 		coeff[s][s] = 1
 	}
-	return &[]api.Block{{Offsets: make([]int64, len(shape)), Lengths: shape, Source: src, Base: make([]int64, len(shape)), Coeff: coeff}}
+	return &[]api.Block{
+		{
+			Offsets: make([]int64, len(shape)),
+			Lengths: shape,
+			Source:  src,
+			Base:    make([]int64, len(shape)),
+			Coeff:   coeff,
+		},
+	}
 }
 
 func TestSeveralTensorsScalarsAndBoxesRaw(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		fixture(t, h)
-		req := shardReq("m",
+		req := shardReq(
+			"m",
 			api.TensorRequest{Name: "a.t", Dtype: api.F32, Shape: []int64{4, 3}, Blocks: copyOf("a", 4, 3),
-				Boxes: []api.Box{{Offsets: []int64{1, 1}, Lengths: []int64{2, 2}}, {Offsets: []int64{3, 0}, Lengths: []int64{1, 3}}}},
-			api.TensorRequest{Name: "step", Dtype: api.F64, Shape: []int64{}, Boxes: []api.Box{{Offsets: []int64{}, Lengths: []int64{}}}, Blocks: copyOf("step")},
+				Boxes: []api.Box{
+					{Offsets: []int64{1, 1}, Lengths: []int64{2, 2}},
+					{Offsets: []int64{3, 0}, Lengths: []int64{1, 3}},
+				}},
+			api.TensorRequest{
+				Name:   "step",
+				Dtype:  api.F64,
+				Shape:  []int64{},
+				Boxes:  []api.Box{{Offsets: []int64{}, Lengths: []int64{}}},
+				Blocks: copyOf("step"),
+			},
 			api.TensorRequest{Name: "n", Dtype: api.F32, Shape: []int64{3}, Boxes: whole(3), Blocks: copyOf("n", 3)},
 		)
 		res := h.do("POST", "/v1/shards", req)
@@ -62,7 +89,10 @@ func TestSafetensorsFormat(t *testing.T) {
 		req := shardReq("m",
 			api.TensorRequest{Name: "n", Dtype: api.BF16, Shape: []int64{3}, Boxes: whole(3), Blocks: copyOf("n", 3)},
 			api.TensorRequest{Name: "a", Dtype: api.F32, Shape: []int64{4, 3}, Blocks: copyOf("a", 4, 3),
-				Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{1, 3}}, {Offsets: []int64{2, 0}, Lengths: []int64{2, 3}}}},
+				Boxes: []api.Box{
+					{Offsets: []int64{0, 0}, Lengths: []int64{1, 3}},
+					{Offsets: []int64{2, 0}, Lengths: []int64{2, 3}},
+				}},
 		)
 		req.Format = &st
 		res := h.do("POST", "/v1/shards", req)
@@ -84,7 +114,8 @@ func TestSafetensorsFormat(t *testing.T) {
 				t.Errorf("%s is not aligned to its element size", tn.Name)
 			}
 		}
-		if !slices.Equal(readF32(got["a#0"]), []float32{0, 1, 2}) || !slices.Equal(readF32(got["a#1"]), arange(6, 6)) || string(got["n"]) != string(bf16(0.5, 1.5, 2.5)) {
+		if !slices.Equal(readF32(got["a#0"]), []float32{0, 1, 2}) || !slices.Equal(readF32(got["a#1"]), arange(6, 6)) ||
+			string(got["n"]) != string(bf16(0.5, 1.5, 2.5)) {
 			t.Errorf("stored tensors %v", got)
 		}
 		var boxes map[string]struct {
@@ -92,7 +123,8 @@ func TestSafetensorsFormat(t *testing.T) {
 			Offsets []int64 `json:"offsets"`
 		}
 		json.Unmarshal([]byte(hdr.Metadata["shardsrv.boxes"]), &boxes)
-		if hdr.Metadata["shardsrv.checkpoint"] != "m" || boxes["a#1"].Tensor != "a" || !slices.Equal(boxes["a#1"].Offsets, []int64{2, 0}) {
+		if hdr.Metadata["shardsrv.checkpoint"] != "m" || boxes["a#1"].Tensor != "a" ||
+			!slices.Equal(boxes["a#1"].Offsets, []int64{2, 0}) {
 			t.Errorf("metadata %v", hdr.Metadata)
 		}
 	})
@@ -102,8 +134,24 @@ func TestFillCoversWhatNoBlockDoes(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		fixture(t, h)
 		fill := json.Number("-1")
-		blocks := []api.Block{{Offsets: []int64{1}, Lengths: []int64{3}, Source: "n", Base: []int64{0}, Coeff: [][]int64{{1}}}}
-		res := h.do("POST", "/v1/shards", shardReq("m", api.TensorRequest{Name: "padded", Dtype: api.F32, Shape: []int64{6}, Boxes: whole(6), Blocks: &blocks, Fill: &fill}))
+		blocks := []api.Block{
+			{Offsets: []int64{1}, Lengths: []int64{3}, Source: "n", Base: []int64{0}, Coeff: [][]int64{{1}}},
+		}
+		res := h.do(
+			"POST",
+			"/v1/shards",
+			shardReq(
+				"m",
+				api.TensorRequest{
+					Name:   "padded",
+					Dtype:  api.F32,
+					Shape:  []int64{6},
+					Boxes:  whole(6),
+					Blocks: &blocks,
+					Fill:   &fill,
+				},
+			),
+		)
 		if got := readF32(res.body); !slices.Equal(got, []float32{-1, 0.5, 1.5, 2.5, -1, -1}) {
 			t.Errorf("%d %v", res.status, got)
 		}
@@ -114,7 +162,13 @@ func TestInvalidRequestsAreProblems(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		fixture(t, h)
 		ok := func() api.TensorRequest {
-			return api.TensorRequest{Name: "a", Dtype: api.F32, Shape: []int64{4, 3}, Boxes: whole(4, 3), Blocks: copyOf("a", 4, 3)}
+			return api.TensorRequest{
+				Name:   "a",
+				Dtype:  api.F32,
+				Shape:  []int64{4, 3},
+				Boxes:  whole(4, 3),
+				Blocks: copyOf("a", 4, 3),
+			}
 		}
 		with := func(f func(*api.TensorRequest)) api.ShardRequest {
 			tr := ok()
@@ -133,38 +187,166 @@ func TestInvalidRequestsAreProblems(t *testing.T) {
 			{"empty body", ``, 400, ""},
 			{"not an object", `[1]`, 400, ""},
 			{"unknown field", `{"checkpoint":"m","tensors":[],"extra":1}`, 400, "/extra"},
-			{"nested unknown field", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1],"x":1}]}]}`, 400, "/tensors/0/boxes/0/x"},
-			{"tensors and layout", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1]}]}],"layout":{"engine":"vllm"}}`, 400, "/layout"},
+			{
+				"nested unknown field",
+				`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1],"x":1}]}]}`,
+				400,
+				"/tensors/0/boxes/0/x",
+			},
+			{
+				"tensors and layout",
+				`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1]}]}],"layout":{"engine":"vllm"}}`,
+				400,
+				"/layout",
+			},
 			{"layout without config.json", `{"checkpoint":"m","layout":{"engine":"vllm"}}`, 422, "/layout"},
 			{"layout type", `{"checkpoint":"m","layout":{"engine":"vllm","tp_rank":"1"}}`, 400, "/layout/tp_rank"},
 			{"trailing data", `{"checkpoint":"m","tensors":[]} {}`, 400, ""},
-			{"wrong type", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":"x","boxes":[]}]}`, 400, "/tensors/0/shape"},
-			{"huge integer", `{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[99999999999999999999],"boxes":[]}]}`, 400, ""},
+			{
+				"wrong type",
+				`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":"x","boxes":[]}]}`,
+				400,
+				"/tensors/0/shape",
+			},
+			{
+				"huge integer",
+				`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[99999999999999999999],"boxes":[]}]}`,
+				400,
+				"",
+			},
 			{"no checkpoint", `{"tensors":[]}`, 400, "/checkpoint"},
 			{"no tensors", shardReq("m"), 400, "/tensors"},
 			{"bad format", `{"checkpoint":"m","format":"npy","tensors":[]}`, 400, "/format"},
 			{"unknown dtype", with(func(t *api.TensorRequest) { t.Dtype = "F4" }), 400, "/tensors/0/dtype"},
 			{"no boxes", with(func(t *api.TensorRequest) { t.Boxes = nil }), 400, "/tensors/0/boxes"},
-			{"zero length", with(func(t *api.TensorRequest) { t.Boxes[0].Lengths = []int64{0, 3} }), 400, "/tensors/0/boxes/0/lengths/0"},
-			{"box rank", with(func(t *api.TensorRequest) { t.Boxes[0].Offsets = []int64{0} }), 422, "/tensors/0/boxes/0"},
-			{"box outside", with(func(t *api.TensorRequest) { t.Boxes[0].Offsets = []int64{1, 0} }), 422, "/tensors/0/boxes/0"},
-			{"block outside", with(func(t *api.TensorRequest) { t.Blocks = blocks(rows(4, 1)) }), 422, "/tensors/0/blocks/0"},
-			{"overlap", with(func(t *api.TensorRequest) { t.Blocks = blocks(rows(3, 0), rowsBlock("a", 0, 2, 3, 2)) }), 422, "/tensors/0/blocks/1"},
-			{"uncovered", with(func(t *api.TensorRequest) { t.Blocks = blocks(rows(3, 0)) }), 422, "/tensors/0/boxes/0"},
-			{"missing source", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Source = "nope" }), 422, "/tensors/0/blocks/0/source"},
-			{"base rank", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Base = []int64{0} }), 422, "/tensors/0/blocks/0/base"},
-			{"coeff rows", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{1, 0}} }), 422, "/tensors/0/blocks/0/coeff"},
-			{"coeff cols", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{1}, {0, 1}} }), 422, "/tensors/0/blocks/0/coeff/0"},
-			{"negative step", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{-1, 0}, {0, 1}} }), 400, "/tensors/0/blocks/0/coeff/0/0"},
-			{"past the end", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{2, 0}, {0, 1}} }), 422, "/tensors/0/blocks/0"},
-			{"overflow", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{1 << 62, 0}, {0, 1}} }), 422, "/tensors/0/blocks/0"},
-			{"huge shape", with(func(t *api.TensorRequest) { t.Shape = []int64{1 << 40, 1 << 40} }), 422, "/tensors/0/shape"},
+			{
+				"zero length",
+				with(func(t *api.TensorRequest) { t.Boxes[0].Lengths = []int64{0, 3} }),
+				400,
+				"/tensors/0/boxes/0/lengths/0",
+			},
+			{
+				"box rank",
+				with(func(t *api.TensorRequest) { t.Boxes[0].Offsets = []int64{0} }),
+				422,
+				"/tensors/0/boxes/0",
+			},
+			{
+				"box outside",
+				with(func(t *api.TensorRequest) { t.Boxes[0].Offsets = []int64{1, 0} }),
+				422,
+				"/tensors/0/boxes/0",
+			},
+			{
+				"block outside",
+				with(func(t *api.TensorRequest) { t.Blocks = blocks(rows(4, 1)) }),
+				422,
+				"/tensors/0/blocks/0",
+			},
+			{
+				"overlap",
+				with(func(t *api.TensorRequest) { t.Blocks = blocks(rows(3, 0), rowsBlock("a", 0, 2, 3, 2)) }),
+				422,
+				"/tensors/0/blocks/1",
+			},
+			{
+				"uncovered",
+				with(func(t *api.TensorRequest) { t.Blocks = blocks(rows(3, 0)) }),
+				422,
+				"/tensors/0/boxes/0",
+			},
+			{
+				"missing source",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Source = "nope" }),
+				422,
+				"/tensors/0/blocks/0/source",
+			},
+			{
+				"base rank",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Base = []int64{0} }),
+				422,
+				"/tensors/0/blocks/0/base",
+			},
+			{
+				"coeff rows",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{1, 0}} }),
+				422,
+				"/tensors/0/blocks/0/coeff",
+			},
+			{
+				"coeff cols",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{1}, {0, 1}} }),
+				422,
+				"/tensors/0/blocks/0/coeff/0",
+			},
+			{
+				"negative step",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{-1, 0}, {0, 1}} }),
+				400,
+				"/tensors/0/blocks/0/coeff/0/0",
+			},
+			{
+				"past the end",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{2, 0}, {0, 1}} }),
+				422,
+				"/tensors/0/blocks/0",
+			},
+			{
+				"overflow",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Coeff = [][]int64{{1 << 62, 0}, {0, 1}} }),
+				422,
+				"/tensors/0/blocks/0",
+			},
+			{
+				"huge shape",
+				with(func(t *api.TensorRequest) { t.Shape = []int64{1 << 40, 1 << 40} }),
+				422,
+				"/tensors/0/shape",
+			},
 			{"float to int", with(func(t *api.TensorRequest) { t.Dtype = api.I32 }), 422, "/tensors/0/blocks/0"},
-			{"float op on int", shardReq("m", api.TensorRequest{Name: "i", Dtype: api.I64, Shape: []int64{2}, Boxes: whole(2),
-				Blocks: &[]api.Block{{Offsets: []int64{0}, Lengths: []int64{2}, Source: "i", Base: []int64{0}, Coeff: [][]int64{{1}}, Post: &[]api.PostOp{{Op: "neg"}}}}}), 422, "/tensors/0/blocks/0/post/0"},
-			{"mul without value", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Post = &[]api.PostOp{{Op: "mul"}} }), 400, "/tensors/0/blocks/0/post/0/value"},
-			{"unknown op", with(func(t *api.TensorRequest) { (*t.Blocks)[0].Post = &[]api.PostOp{{Op: "sqrt"}} }), 400, "/tensors/0/blocks/0/post/0/op"},
-			{"bad fill", shardReq("m", api.TensorRequest{Name: "b", Dtype: api.BOOL, Shape: []int64{2}, Boxes: whole(2), Fill: ptr(json.Number("2"))}), 422, "/tensors/0/fill"},
+			{
+				"float op on int",
+				shardReq("m", api.TensorRequest{Name: "i", Dtype: api.I64, Shape: []int64{2}, Boxes: whole(2),
+					Blocks: &[]api.Block{
+						{
+							Offsets: []int64{0},
+							Lengths: []int64{2},
+							Source:  "i",
+							Base:    []int64{0},
+							Coeff:   [][]int64{{1}},
+							Post:    &[]api.PostOp{{Op: "neg"}},
+						},
+					}}),
+				422,
+				"/tensors/0/blocks/0/post/0",
+			},
+			{
+				"mul without value",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Post = &[]api.PostOp{{Op: "mul"}} }),
+				400,
+				"/tensors/0/blocks/0/post/0/value",
+			},
+			{
+				"unknown op",
+				with(func(t *api.TensorRequest) { (*t.Blocks)[0].Post = &[]api.PostOp{{Op: "sqrt"}} }),
+				400,
+				"/tensors/0/blocks/0/post/0/op",
+			},
+			{
+				"bad fill",
+				shardReq(
+					"m",
+					api.TensorRequest{
+						Name:  "b",
+						Dtype: api.BOOL,
+						Shape: []int64{2},
+						Boxes: whole(2),
+						Fill:  ptr(json.Number("2")),
+					},
+				),
+				422,
+				"/tensors/0/fill",
+			},
 			{"duplicate names", shardReq("m", ok(), ok()), 422, "/tensors/1/name"},
 			{"unknown checkpoint", shardReq("nope", ok()), 404, ""},
 			{"traversal", shardReq("../m", ok()), 400, "/checkpoint"},
@@ -176,13 +358,17 @@ func TestInvalidRequestsAreProblems(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) {
 				for _, path := range []string{"/v1/shards", "/v1/plan"} {
 					res := h.do("POST", path, c.body)
-					if res.status != c.status || res.header.Get("Content-Type") != "application/problem+json" || res.problem.Status != c.status || res.problem.Title == "" {
+					if res.status != c.status || res.header.Get("Content-Type") != "application/problem+json" ||
+						res.problem.Status != c.status ||
+						res.problem.Title == "" {
 						t.Fatalf("%s: %d %s, want a %d problem", path, res.status, res.body, c.status)
 					}
-					if body := string(res.body); strings.Contains(body, "(and 0 more)") || strings.Contains(body, "api.") {
+					if body := string(res.body); strings.Contains(body, "(and 0 more)") ||
+						strings.Contains(body, "api.") {
 						t.Errorf("%s: the problem leaks a Go type or counts nothing: %s", path, body)
 					}
-					if c.pointer != "" && (res.problem.Errors == nil || !slices.ContainsFunc(*res.problem.Errors, func(e api.FieldError) bool { return e.Pointer == c.pointer })) {
+					if c.pointer != "" &&
+						(res.problem.Errors == nil || !slices.ContainsFunc(*res.problem.Errors, func(e api.FieldError) bool { return e.Pointer == c.pointer })) {
 						t.Errorf("%s: errors %s, want pointer %s", path, res.body, c.pointer)
 					}
 				}
@@ -203,7 +389,8 @@ func TestListingEndpoints(t *testing.T) {
 		}
 		var ts api.TensorList
 		json.Unmarshal(h.do("GET", "/v1/tensors?checkpoint=m", nil).body, &ts)
-		if len(ts.Tensors) != 4 || ts.Tensors[0].Name != "a" || ts.Tensors[0].File != "model.safetensors" || !slices.Equal(ts.Tensors[0].Shape, []int64{4, 3}) {
+		if len(ts.Tensors) != 4 || ts.Tensors[0].Name != "a" || ts.Tensors[0].File != "model.safetensors" ||
+			!slices.Equal(ts.Tensors[0].Shape, []int64{4, 3}) {
 			t.Errorf("tensors %+v", ts)
 		}
 		for path, status := range map[string]int{"/v1/tensors?checkpoint=nope": 404, "/v1/tensors": 400, "/v1/tensors?checkpoint=../x": 400, "/healthz": 200, "/readyz": 200, "/nope": 404} {
@@ -211,7 +398,8 @@ func TestListingEndpoints(t *testing.T) {
 				t.Errorf("GET %s: %d %s, want %d", path, res.status, res.body, status)
 			}
 		}
-		if res := h.do("DELETE", "/v1/shards", nil); res.status != http.StatusMethodNotAllowed || res.problem.Status != 405 {
+		if res := h.do("DELETE", "/v1/shards", nil); res.status != http.StatusMethodNotAllowed ||
+			res.problem.Status != 405 {
 			t.Errorf("DELETE /v1/shards: %d", res.status)
 		}
 	})

@@ -62,7 +62,11 @@ func pattern(n int, seed byte) []byte {
 
 func checkpointBytes(data []byte) []byte {
 	var buf bytes.Buffer
-	safetensors.Write(&buf, []safetensors.TensorData{{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data}}, nil)
+	safetensors.Write(
+		&buf,
+		[]safetensors.TensorData{{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data}},
+		nil,
+	)
 	return buf.Bytes()
 }
 
@@ -70,7 +74,12 @@ func checkpointBytes(data []byte) []byte {
 // at a time, so the n-th data read is the n-th segment.
 func faultServer(t *testing.T, cfg s3reader.Config) *faultEnv {
 	g := s3test.Start(t)
-	e := &faultEnv{g: g, bucket: fmt.Sprintf("bucket-%d", buckets.Add(1)), data: pattern(64*1024*4, 1), logs: &syncBuffer{}}
+	e := &faultEnv{
+		g:      g,
+		bucket: fmt.Sprintf("bucket-%d", buckets.Add(1)),
+		data:   pattern(64*1024*4, 1),
+		logs:   &syncBuffer{},
+	}
 	g.CreateBucket(t, e.bucket)
 	g.Put(t, e.bucket, "m/model.safetensors", checkpointBytes(e.data))
 	e.proxy = g.NewProxy()
@@ -92,12 +101,31 @@ func faultServer(t *testing.T, cfg s3reader.Config) *faultEnv {
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 64 << 10
 	opts.MaxGap = 1 << 20
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, executor.Config{Window: 1, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts,
-		MaxBodyBytes: 1 << 20, Logger: slog.New(slog.NewJSONHandler(e.logs, nil))})
+	srv := server.New(
+		server.Config{
+			Catalog: checkpoint.New(st),
+			Executor: executor.New(
+				st,
+				executor.Config{Window: 1, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+			),
+			Planner:      opts,
+			MaxBodyBytes: 1 << 20,
+			Logger:       slog.New(slog.NewJSONHandler(e.logs, nil)),
+		},
+	)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	e.url = ts.URL
-	e.req = shardReq("m", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{64, 1024}, Boxes: whole(64, 1024), Blocks: copyOf("w", 64, 1024)})
+	e.req = shardReq(
+		"m",
+		api.TensorRequest{
+			Name:   "w",
+			Dtype:  api.F32,
+			Shape:  []int64{64, 1024},
+			Boxes:  whole(64, 1024),
+			Blocks: copyOf("w", 64, 1024),
+		},
+	)
 	return e
 }
 
@@ -134,7 +162,14 @@ func (e *faultEnv) expectBytes(t *testing.T, want []byte) {
 	t.Helper()
 	status, _, body, err := e.fetch(t)
 	if status != 200 || err != nil || !bytes.Equal(body, want) {
-		t.Fatalf("status %d, err %v, %d bytes (equal: %v); want exactly the %d bytes", status, err, len(body), bytes.Equal(body, want), len(want))
+		t.Fatalf(
+			"status %d, err %v, %d bytes (equal: %v); want exactly the %d bytes",
+			status,
+			err,
+			len(body),
+			bytes.Equal(body, want),
+			len(want),
+		)
 	}
 }
 
@@ -259,17 +294,31 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 	const secret = "not-the-right-secret-0123456789"
 	e := faultServer(t, s3reader.Config{})
 	t.Setenv("AWS_SECRET_ACCESS_KEY", secret)
-	st, err := s3reader.New(context.Background(), s3reader.Config{Bucket: e.bucket, Endpoint: e.proxy.URL, RetryBudget: time.Second})
+	st, err := s3reader.New(
+		context.Background(),
+		s3reader.Config{Bucket: e.bucket, Endpoint: e.proxy.URL, RetryBudget: time.Second},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: planner.DefaultOptions(),
-		MaxBodyBytes: 1 << 20, Logger: slog.New(slog.NewJSONHandler(e.logs, nil))})
+	srv := server.New(
+		server.Config{
+			Catalog: checkpoint.New(st),
+			Executor: executor.New(
+				st,
+				executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+			),
+			Planner:      planner.DefaultOptions(),
+			MaxBodyBytes: 1 << 20,
+			Logger:       slog.New(slog.NewJSONHandler(e.logs, nil)),
+		},
+	)
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 	e.url = ts.URL
 	body := e.expectProblem(t, 502, "access denied", "s3://"+e.bucket)
-	if strings.Contains(body, secret) || strings.Contains(e.logs.String(), secret) || strings.Contains(body, s3test.AccessKey) {
+	if strings.Contains(body, secret) || strings.Contains(e.logs.String(), secret) ||
+		strings.Contains(body, s3test.AccessKey) {
 		t.Error("a credential leaked into a problem or a log line")
 	}
 	res, _ := http.Get(ts.URL + "/readyz")

@@ -19,7 +19,10 @@ func tokenServer(t *testing.T, contents string) (e *opsEnv, file string, logs *s
 	file = filepath.Join(t.TempDir(), "tokens")
 	os.WriteFile(file, []byte(contents), 0o600)
 	logs = &syncBuffer{}
-	tokens, err := server.LoadTokens(file, server.TokensOptions{Reload: tokenReload, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	tokens, err := server.LoadTokens(
+		file,
+		server.TokensOptions{Reload: tokenReload, Logger: slog.New(slog.NewJSONHandler(logs, nil))},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,8 @@ func TestShutdownDrainsBeforeClosing(t *testing.T) {
 	if err != nil || r.StatusCode != 503 || r.Header.Get("Retry-After") == "" {
 		t.Errorf("/readyz during the drain delay, on a new connection: %v %v; want 503", r, err)
 	}
-	if r, err := fresh.Post(url+"/v1/plan", "application/json", bytes.NewReader(raw)); err != nil || r.StatusCode != 200 {
+	if r, err := fresh.Post(url+"/v1/plan", "application/json", bytes.NewReader(raw)); err != nil ||
+		r.StatusCode != 200 {
 		t.Errorf("a request during the drain delay: %v %v; want it served", r, err)
 	}
 	for time.Since(start) < delay+200*time.Millisecond {

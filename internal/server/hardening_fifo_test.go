@@ -25,8 +25,11 @@ import (
 func fifoServer(t *testing.T, st store.Store, requestTimeout time.Duration) string {
 	opts := planner.DefaultOptions()
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, MaxBodyBytes: 1 << 20,
-		Executor: executor.New(st, executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}),
-		Limits:   server.Limits{RequestTimeout: requestTimeout}})
+		Executor: executor.New(
+			st,
+			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+		),
+		Limits: server.Limits{RequestTimeout: requestTimeout}})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return ts.URL
@@ -53,10 +56,18 @@ func TestAFIFOInPlaceOfAFileFailsFast(t *testing.T) {
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "m"), 0o755)
 	var f bytes.Buffer
-	safetensors.Write(&f, []safetensors.TensorData{{Name: "w", DType: "U8", Shape: []int64{16}, Data: make([]byte, 16)}}, nil)
+	safetensors.Write(
+		&f,
+		[]safetensors.TensorData{{Name: "w", DType: "U8", Shape: []int64{16}, Data: make([]byte, 16)}},
+		nil,
+	)
 	shard := filepath.Join(dir, "m", "model-00001-of-00001.safetensors")
 	os.WriteFile(shard, f.Bytes(), 0o644)
-	os.WriteFile(filepath.Join(dir, "m", "model.safetensors.index.json"), []byte(`{"weight_map":{"w":"model-00001-of-00001.safetensors"}}`), 0o644)
+	os.WriteFile(
+		filepath.Join(dir, "m", "model.safetensors.index.json"),
+		[]byte(`{"weight_map":{"w":"model-00001-of-00001.safetensors"}}`),
+		0o644,
+	)
 	st, _ := store.NewLocal(dir)
 	url := fifoServer(t, st, 30*time.Second)
 	if r, err := http.Get(url + "/v1/tensors?checkpoint=m"); err != nil || r.StatusCode != 200 {
@@ -71,11 +82,21 @@ func TestAFIFOInPlaceOfAFileFailsFast(t *testing.T) {
 			w.Close()
 		}
 	})
-	req := shardReq("m", api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{16}, Boxes: whole(16), Blocks: copyOf("w", 16)})
+	req := shardReq(
+		"m",
+		api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{16}, Boxes: whole(16), Blocks: copyOf("w", 16)},
+	)
 	for i := range 2 { // the first finds the FIFO under the cached catalog; the second resolves again
 		res, body, took := timedPost(t, url, req)
-		if took > time.Second || res.StatusCode < 400 || !strings.Contains(res.Header.Get("Content-Type"), "problem+json") {
-			t.Errorf("request %d for a FIFO: %d %s after %v; want a problem well under a second", i, res.StatusCode, body, took)
+		if took > time.Second || res.StatusCode < 400 ||
+			!strings.Contains(res.Header.Get("Content-Type"), "problem+json") {
+			t.Errorf(
+				"request %d for a FIFO: %d %s after %v; want a problem well under a second",
+				i,
+				res.StatusCode,
+				body,
+				took,
+			)
 		}
 		if strings.Contains(string(body), dir) {
 			t.Errorf("the problem names a local path: %s", body)
@@ -101,14 +122,27 @@ func (h *hangingStore) ReadAt(ctx context.Context, key, version string, p []byte
 // results and on the request's context.
 func TestAReadThatNeverReturnsEndsAtTheTimeout(t *testing.T) {
 	dir := t.TempDir()
-	writeCheckpoint(t, &harness{put: localPut(t, dir)}, "m", safetensors.TensorData{Name: "w", DType: "U8", Shape: []int64{16}, Data: make([]byte, 16)})
+	writeCheckpoint(
+		t,
+		&harness{put: localPut(t, dir)},
+		"m",
+		safetensors.TensorData{Name: "w", DType: "U8", Shape: []int64{16}, Data: make([]byte, 16)},
+	)
 	local, _ := store.NewLocal(dir)
 	st := &hangingStore{Store: local, release: make(chan struct{})}
 	t.Cleanup(func() { close(st.release) })
 	url := fifoServer(t, st, 300*time.Millisecond)
-	req := shardReq("m", api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{16}, Boxes: whole(16), Blocks: copyOf("w", 16)})
+	req := shardReq(
+		"m",
+		api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{16}, Boxes: whole(16), Blocks: copyOf("w", 16)},
+	)
 	res, body, took := timedPost(t, url, req)
 	if took > 2*time.Second || res.StatusCode != http.StatusGatewayTimeout {
-		t.Errorf("a hung read: %d %s after %v; want a 504 soon after the 300 ms request timeout", res.StatusCode, body, took)
+		t.Errorf(
+			"a hung read: %d %s after %v; want a 504 soon after the 300 ms request timeout",
+			res.StatusCode,
+			body,
+			took,
+		)
 	}
 }

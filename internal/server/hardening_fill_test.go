@@ -43,7 +43,11 @@ func TestFillIsExactForEveryInteger(t *testing.T) {
 		{"I64", "1e-999999999", 0, 422},
 		{"BOOL", "2", 0, 422},
 	} {
-		body := fmt.Sprintf(`{"checkpoint":"m","tensors":[{"name":"x","dtype":%q,"shape":[3],"boxes":[{"offsets":[0],"lengths":[3]}],"fill":%s}]}`, c.dtype, c.literal)
+		body := fmt.Sprintf(
+			`{"checkpoint":"m","tensors":[{"name":"x","dtype":%q,"shape":[3],"boxes":[{"offsets":[0],"lengths":[3]}],"fill":%s}]}`,
+			c.dtype,
+			c.literal,
+		)
 		req, _ := http.NewRequest("POST", e.url+"/v1/shards", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		res, err := http.DefaultClient.Do(req)

@@ -39,8 +39,12 @@ const (
 func sparseCheckpoint(t *testing.T, dir string) {
 	t.Helper()
 	const wBytes = 16384 * 8192 * 2
-	header := fmt.Sprintf(`{"w":{"dtype":"BF16","shape":[16384,8192],"data_offsets":[0,%d]},"n":{"dtype":"BF16","shape":[1],"data_offsets":[%d,%d]}}`,
-		wBytes, wBytes, wBytes+2)
+	header := fmt.Sprintf(
+		`{"w":{"dtype":"BF16","shape":[16384,8192],"data_offsets":[0,%d]},"n":{"dtype":"BF16","shape":[1],"data_offsets":[%d,%d]}}`,
+		wBytes,
+		wBytes,
+		wBytes+2,
+	)
 	for len(header)%8 != 0 {
 		header += " "
 	}
@@ -70,7 +74,11 @@ func startShardsrv(t *testing.T, dir string, args ...string) (string, int) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, append([]string{"serve", "--store", dir, "--addr", "127.0.0.1:0", "--drain-delay", "0s", "--shutdown-grace", "2s"}, args...)...)
+	cmd := exec.Command(
+		bin,
+		append(
+			[]string{"serve", "--store", dir, "--addr", "127.0.0.1:0", "--drain-delay", "0s", "--shutdown-grace", "2s"},
+			args...)...)
 	cmd.Env = append(os.Environ(), "GOMEMLIMIT=") // the server sets its own from --memory-bytes
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
@@ -140,12 +148,22 @@ func procStatus(t *testing.T, pid int, field string) int64 {
 // a table as many blocks as fit in the body limit.
 func manyColumnBlocks(n int) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, `{"checkpoint":"big","tensors":[{"name":"cols","dtype":"BF16","shape":[2,%d],"boxes":[{"offsets":[0,0],"lengths":[2,%d]}],"blocks":[`, n, n)
+	fmt.Fprintf(
+		&b,
+		`{"checkpoint":"big","tensors":[{"name":"cols","dtype":"BF16","shape":[2,%d],"boxes":[{"offsets":[0,0],"lengths":[2,%d]}],"blocks":[`,
+		n,
+		n,
+	)
 	for i := range n {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, `{"offsets":[0,%d],"lengths":[2,1],"source":"w","base":[0,%d],"coeff":[[1,0],[0,1]]}`, i, i%8192)
+		fmt.Fprintf(
+			&b,
+			`{"offsets":[0,%d],"lengths":[2,1],"source":"w","base":[0,%d],"coeff":[[1,0],[0,1]]}`,
+			i,
+			i%8192,
+		)
 	}
 	b.WriteString(`]}]}`)
 	return b.Bytes()
@@ -161,18 +179,32 @@ func TestConcurrentHugePlansKeepVmHWMUnderBudget(t *testing.T) {
 	}
 	dir := t.TempDir()
 	sparseCheckpoint(t, dir)
-	url, pid := startShardsrv(t, dir, "--memory-bytes", strconv.Itoa(memBudget), "--max-plan-bytes", strconv.Itoa(memMaxPlan),
-		"--max-body-bytes", strconv.Itoa(memMaxBody), "--admit-wait", "3s")
+	url, pid := startShardsrv(
+		t,
+		dir,
+		"--memory-bytes",
+		strconv.Itoa(memBudget),
+		"--max-plan-bytes",
+		strconv.Itoa(memMaxPlan),
+		"--max-body-bytes",
+		strconv.Itoa(memMaxBody),
+		"--admit-wait",
+		"3s",
+	)
 	idle := procStatus(t, pid, "VmRSS")
 
 	blocks := manyColumnBlocks(150_000)
 	if len(blocks) > memMaxBody || len(blocks) < memMaxBody*3/4 {
 		t.Fatalf("the many-block table is %d bytes, not near the %d-byte body limit", len(blocks), memMaxBody)
 	}
-	broadcast := []byte(`{"checkpoint":"big","tensors":[{"name":"b","dtype":"BF16","shape":[549755813888],"boxes":[{"offsets":[0],"lengths":[549755813888]}],
-		"blocks":[{"offsets":[0],"lengths":[549755813888],"source":"n","base":[0],"coeff":[[0]]}]}]}`)
-	transpose := []byte(`{"checkpoint":"big","tensors":[{"name":"wT","dtype":"BF16","shape":[8192,16384],"boxes":[{"offsets":[0,0],"lengths":[8192,16384]}],
-		"blocks":[{"offsets":[0,0],"lengths":[8192,16384],"source":"w","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`)
+	broadcast := []byte(
+		`{"checkpoint":"big","tensors":[{"name":"b","dtype":"BF16","shape":[549755813888],"boxes":[{"offsets":[0],"lengths":[549755813888]}],
+		"blocks":[{"offsets":[0],"lengths":[549755813888],"source":"n","base":[0],"coeff":[[0]]}]}]}`,
+	)
+	transpose := []byte(
+		`{"checkpoint":"big","tensors":[{"name":"wT","dtype":"BF16","shape":[8192,16384],"boxes":[{"offsets":[0,0],"lengths":[8192,16384]}],
+		"blocks":[{"offsets":[0,0],"lengths":[8192,16384],"source":"w","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
+	)
 	type shot struct {
 		name, path string
 		body       []byte
@@ -180,7 +212,11 @@ func TestConcurrentHugePlansKeepVmHWMUnderBudget(t *testing.T) {
 	volley := []shot{
 		{"blocks", "/v1/plan", blocks}, {"blocks", "/v1/plan", blocks}, {"blocks", "/v1/shards", blocks},
 		{"broadcast", "/v1/plan", broadcast}, {"broadcast", "/v1/shards", broadcast},
-		{"transpose", "/v1/plan", transpose}, {"transpose", "/v1/shards", transpose}, {"transpose", "/v1/plan", transpose},
+		{
+			"transpose",
+			"/v1/plan",
+			transpose,
+		}, {"transpose", "/v1/shards", transpose}, {"transpose", "/v1/plan", transpose},
 	}
 	client := &http.Client{Timeout: 60 * time.Second}
 	statuses := map[string][]string{}
@@ -206,11 +242,15 @@ func TestConcurrentHugePlansKeepVmHWMUnderBudget(t *testing.T) {
 					limit = 4 << 20
 				}
 				n, _ := io.Copy(io.Discard, io.LimitReader(res.Body, limit))
-				if res.StatusCode >= 500 && res.StatusCode != 503 && res.StatusCode != 504 || res.StatusCode == 200 && s.path == "/v1/shards" && n == 0 {
+				if res.StatusCode >= 500 && res.StatusCode != 503 && res.StatusCode != 504 ||
+					res.StatusCode == 200 && s.path == "/v1/shards" && n == 0 {
 					t.Errorf("round %d, %s to %s: %d after %d bytes", round, s.name, s.path, res.StatusCode, n)
 				}
 				mu.Lock()
-				statuses[s.name+" "+s.path] = append(statuses[s.name+" "+s.path], fmt.Sprintf("%d in %v", res.StatusCode, time.Since(start).Round(time.Millisecond)))
+				statuses[s.name+" "+s.path] = append(
+					statuses[s.name+" "+s.path],
+					fmt.Sprintf("%d in %v", res.StatusCode, time.Since(start).Round(time.Millisecond)),
+				)
 				mu.Unlock()
 			})
 		}

@@ -27,7 +27,10 @@ func dripClient(t *testing.T, url string) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	fmt.Fprintf(conn, "POST /v1/shards HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+	fmt.Fprintf(
+		conn,
+		"POST /v1/shards HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+	)
 	go func() {
 		for range 30 {
 			time.Sleep(time.Second)
@@ -78,7 +81,12 @@ func TestSlowBodiesHoldNoSlotAndTimeOut(t *testing.T) {
 			}
 			res.Body.Close()
 			if res.StatusCode != http.StatusRequestTimeout || !res.Close {
-				t.Errorf("dripping client %d: %d (close %v), want a 408 and the connection closed", i, res.StatusCode, res.Close)
+				t.Errorf(
+					"dripping client %d: %d (close %v), want a 408 and the connection closed",
+					i,
+					res.StatusCode,
+					res.Close,
+				)
 			}
 		})
 	}
@@ -112,7 +120,10 @@ func (s slowStore) ReadAt(ctx context.Context, key, version string, p []byte, of
 func TestBodyTimeoutDoesNotCutStreams(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) {
 		c.Limits.BodyTimeout = 200 * time.Millisecond
-		c.Executor = executor.New(slowStore{st}, executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second})
+		c.Executor = executor.New(
+			slowStore{st},
+			executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+		)
 	})
 	req := e.req // 8 segments of 256 KiB, 80 ms each: about 0.7 s
 	req.Tensors = append([]api.TensorRequest(nil), e.req.Tensors...)

@@ -50,7 +50,12 @@ func problemDetail(p api.Problem) string {
 // and the problem names no local path.
 func TestSymlinkOutOfTheStoreIs404WithoutPaths(t *testing.T) {
 	outside := t.TempDir()
-	writeCheckpoint(t, &harness{put: localPut(t, outside)}, "secret", safetensors.TensorData{Name: "w", DType: "U8", Shape: []int64{4}, Data: make([]byte, 4)})
+	writeCheckpoint(
+		t,
+		&harness{put: localPut(t, outside)},
+		"secret",
+		safetensors.TensorData{Name: "w", DType: "U8", Shape: []int64{4}, Data: make([]byte, 4)},
+	)
 	dir := t.TempDir()
 	os.Symlink(filepath.Join(outside, "secret"), filepath.Join(dir, "escape"))
 	st, _ := store.NewLocal(dir)
@@ -61,8 +66,12 @@ func TestSymlinkOutOfTheStoreIs404WithoutPaths(t *testing.T) {
 			t.Errorf("GET %s: %d %s; want a 404 naming no local path", path, res.status, res.body)
 		}
 	}
-	req := shardReq("escape", api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{4}, Boxes: whole(4), Blocks: copyOf("w", 4)})
-	if res := h.do("POST", "/v1/shards", req); res.status != 404 || strings.Contains(string(res.body), dir) || strings.Contains(string(res.body), outside) {
+	req := shardReq(
+		"escape",
+		api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{4}, Boxes: whole(4), Blocks: copyOf("w", 4)},
+	)
+	if res := h.do("POST", "/v1/shards", req); res.status != 404 || strings.Contains(string(res.body), dir) ||
+		strings.Contains(string(res.body), outside) {
 		t.Errorf("a shard of it: %d %s; want a 404 naming no local path", res.status, res.body)
 	}
 }
@@ -108,7 +117,13 @@ func TestDuplicateKeysAre400(t *testing.T) {
 	req := e.req
 	blocks := make([]api.Block, 20_000)
 	for i := range blocks {
-		blocks[i] = api.Block{Offsets: []int64{int64(i % 1024), 0}, Lengths: []int64{1, 1}, Source: "w", Base: []int64{0, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}}
+		blocks[i] = api.Block{
+			Offsets: []int64{int64(i % 1024), 0},
+			Lengths: []int64{1, 1},
+			Source:  "w",
+			Base:    []int64{0, 0},
+			Coeff:   [][]int64{{1, 0}, {0, 1}},
+		}
 	}
 	req.Tensors = []api.TensorRequest{e.req.Tensors[0]}
 	req.Tensors[0].Blocks = &blocks
@@ -133,7 +148,8 @@ func TestContentTypeAndEncoding(t *testing.T) {
 		if ct != "" {
 			header = []string{"Content-Type", ct}
 		}
-		if res, p := postRaw(t, e.url, "/v1/plan", good, header...); res.StatusCode != want || (want == 415 && !strings.Contains(problemDetail(p), "application/json") && !strings.Contains(problemDetail(p), "UTF-8")) {
+		if res, p := postRaw(t, e.url, "/v1/plan", good, header...); res.StatusCode != want ||
+			(want == 415 && !strings.Contains(problemDetail(p), "application/json") && !strings.Contains(problemDetail(p), "UTF-8")) {
 			t.Errorf("Content-Type %q: %d %+v, want %d", ct, res.StatusCode, p, want)
 		}
 	}
@@ -156,8 +172,15 @@ func TestContentTypeAndEncoding(t *testing.T) {
 		t.Errorf("a truncated gzip body: %d %+v", res.StatusCode, p)
 	}
 	for _, enc := range []string{"br", "zstd", "deflate", "gzip, gzip"} {
-		if res, p := postRaw(t, e.url, "/v1/plan", good, "Content-Type", "application/json", "Content-Encoding", enc); res.StatusCode != 415 || res.Header.Get("Accept-Encoding") != "gzip" {
-			t.Errorf("Content-Encoding %q: %d %+v (Accept-Encoding %q), want 415", enc, res.StatusCode, p, res.Header.Get("Accept-Encoding"))
+		if res, p := postRaw(t, e.url, "/v1/plan", good, "Content-Type", "application/json", "Content-Encoding", enc); res.StatusCode != 415 ||
+			res.Header.Get("Accept-Encoding") != "gzip" {
+			t.Errorf(
+				"Content-Encoding %q: %d %+v (Accept-Encoding %q), want 415",
+				enc,
+				res.StatusCode,
+				p,
+				res.Header.Get("Accept-Encoding"),
+			)
 		}
 	}
 }
@@ -180,7 +203,13 @@ func TestRequestIDIsBounded(t *testing.T) {
 		res.Body.Close()
 		got := res.Header.Get("X-Request-Id")
 		if c.kept != (got == c.id) || got == "" || len(got) > 128 {
-			t.Errorf("X-Request-Id of %d bytes: echoed %q (%d bytes), kept=%v", len(c.id), truncateForLog(got), len(got), c.kept)
+			t.Errorf(
+				"X-Request-Id of %d bytes: echoed %q (%d bytes), kept=%v",
+				len(c.id),
+				truncateForLog(got),
+				len(got),
+				c.kept,
+			)
 		}
 	}
 }
@@ -198,7 +227,8 @@ func TestNonUTF8TensorNamesAre422(t *testing.T) {
 	st, _ := store.NewLocal(dir)
 	h := newHarness(t, planner.DefaultOptions(), st, localPut(t, dir))
 	res := h.do("GET", "/v1/tensors?checkpoint=m", nil)
-	if res.status != 422 || !strings.Contains(problemDetail(res.problem), "m/model.safetensors") || !strings.Contains(problemDetail(res.problem), "UTF-8") {
+	if res.status != 422 || !strings.Contains(problemDetail(res.problem), "m/model.safetensors") ||
+		!strings.Contains(problemDetail(res.problem), "UTF-8") {
 		t.Errorf("a header with a non-UTF-8 name: %d %s", res.status, res.body)
 	}
 }

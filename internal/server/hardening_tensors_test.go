@@ -74,7 +74,12 @@ func TestTensorsArePaginated(t *testing.T) {
 			token = *l.NextPageToken
 		}
 		if !slices.Equal(got, names[:len(got)]) || len(got) != min(n, limit*c.pages) {
-			t.Errorf("limit %d: the pages hold %d names, not the first %d in order", limit, len(got), min(n, limit*c.pages))
+			t.Errorf(
+				"limit %d: the pages hold %d names, not the first %d in order",
+				limit,
+				len(got),
+				min(n, limit*c.pages),
+			)
 		}
 	}
 	// Pages are cut from JSON kept per checkpoint version: a changed checkpoint lists anew.

@@ -29,7 +29,11 @@ func TestInPlaceRewriteNeverServesTwoVersions(t *testing.T) {
 	versions := make([][]byte, 2)
 	for v, fill := range []byte{0x11, 0x22} {
 		var f bytes.Buffer
-		safetensors.Write(&f, []safetensors.TensorData{{Name: "w", DType: "U8", Shape: []int64{n}, Data: bytes.Repeat([]byte{fill}, n)}}, nil)
+		safetensors.Write(
+			&f,
+			[]safetensors.TensorData{{Name: "w", DType: "U8", Shape: []int64{n}, Data: bytes.Repeat([]byte{fill}, n)}},
+			nil,
+		)
 		versions[v] = f.Bytes()
 	}
 	path := filepath.Join(dir, "m", "model.safetensors")
@@ -38,7 +42,10 @@ func TestInPlaceRewriteNeverServesTwoVersions(t *testing.T) {
 	st, _ := store.NewLocal(dir)
 	opts := planner.DefaultOptions() // one 8 MiB read per body: the longest window for a write to land in
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, MaxBodyBytes: 1 << 20,
-		Executor: executor.New(st, executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second})})
+		Executor: executor.New(
+			st,
+			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+		)})
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 
@@ -62,7 +69,12 @@ func TestInPlaceRewriteNeverServesTwoVersions(t *testing.T) {
 	}()
 	defer func() { stop.Store(true); <-done }()
 
-	raw, _ := json.Marshal(shardReq("m", api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{n}, Boxes: whole(n), Blocks: copyOf("w", n)}))
+	raw, _ := json.Marshal(
+		shardReq(
+			"m",
+			api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{n}, Boxes: whole(n), Blocks: copyOf("w", n)},
+		),
+	)
 	whole0, whole1 := versions[0][len(versions[0])-n:], versions[1][len(versions[1])-n:]
 	statuses := map[int]int{}
 	mixed, short := 0, 0
@@ -91,7 +103,12 @@ func TestInPlaceRewriteNeverServesTwoVersions(t *testing.T) {
 			mixed++
 		}
 	}
-	t.Logf("200 requests: statuses %v, %d aborted streams, %d whole 200 bodies with bytes of both versions", statuses, short, mixed)
+	t.Logf(
+		"200 requests: statuses %v, %d aborted streams, %d whole 200 bodies with bytes of both versions",
+		statuses,
+		short,
+		mixed,
+	)
 	if mixed > 0 {
 		t.Errorf("%d responses were 200, whole, and mixed two versions of the file", mixed)
 	}

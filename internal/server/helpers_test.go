@@ -116,7 +116,10 @@ func eachStore(t *testing.T, opts planner.Options, f func(t *testing.T, h *harne
 		g := s3test.Start(t)
 		bucket := fmt.Sprintf("bucket-%d", buckets.Add(1))
 		g.CreateBucket(t, bucket)
-		st, err := s3reader.New(context.Background(), s3reader.Config{Bucket: bucket, Prefix: "models", Endpoint: g.Endpoint})
+		st, err := s3reader.New(
+			context.Background(),
+			s3reader.Config{Bucket: bucket, Prefix: "models", Endpoint: g.Endpoint},
+		)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +139,9 @@ func localPut(t *testing.T, dir string) func(string, []byte) {
 func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(string, []byte)) *harness {
 	t.Helper()
 	srv := server.New(server.Config{
-		Catalog: checkpoint.New(st), Executor: executor.New(st, executor.Config{Window: 3, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, MaxBodyBytes: 1 << 20,
+		Catalog: checkpoint.New(
+			st,
+		), Executor: executor.New(st, executor.Config{Window: 3, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, MaxBodyBytes: 1 << 20,
 	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
@@ -220,7 +225,13 @@ func init() {
 }
 
 func rowsBlock(src string, start, rows, cols, dstRow int64) api.Block {
-	return api.Block{Offsets: []int64{dstRow, 0}, Lengths: []int64{rows, cols}, Source: src, Base: []int64{start, 0}, Coeff: [][]int64{{1, 0}, {0, 1}}}
+	return api.Block{
+		Offsets: []int64{dstRow, 0},
+		Lengths: []int64{rows, cols},
+		Source:  src,
+		Base:    []int64{start, 0},
+		Coeff:   [][]int64{{1, 0}, {0, 1}},
+	}
 }
 
 func shardReq(ckpt string, tensors ...api.TensorRequest) api.ShardRequest {

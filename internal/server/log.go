@@ -96,11 +96,36 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			span := trace.SpanFromContext(r.Context())
 			span.SetName(r.Method + " " + route)
 			span.SetAttributes(semconv.HTTPRoute(route), attribute.String("request_id", id))
-			attrs := metric.WithAttributes(attribute.String("route", route), attribute.Int("status", rec.status), attribute.Bool("aborted", aborted != nil))
+			attrs := metric.WithAttributes(
+				attribute.String("route", route),
+				attribute.Int("status", rec.status),
+				attribute.Bool("aborted", aborted != nil),
+			)
 			s.metrics.requests.Add(context.WithoutCancel(r.Context()), 1, attrs)
-			s.metrics.served.Add(context.WithoutCancel(r.Context()), rec.bytes, metric.WithAttributes(attribute.String("route", route)))
-			s.log.Info("request", "request_id", id, "method", r.Method, "route", route, "path", r.URL.Path,
-				"status", rec.status, "bytes", rec.bytes, "duration_ms", time.Since(start).Milliseconds(), "aborted", aborted != nil)
+			s.metrics.served.Add(
+				context.WithoutCancel(r.Context()),
+				rec.bytes,
+				metric.WithAttributes(attribute.String("route", route)),
+			)
+			s.log.Info(
+				"request",
+				"request_id",
+				id,
+				"method",
+				r.Method,
+				"route",
+				route,
+				"path",
+				r.URL.Path,
+				"status",
+				rec.status,
+				"bytes",
+				rec.bytes,
+				"duration_ms",
+				time.Since(start).Milliseconds(),
+				"aborted",
+				aborted != nil,
+			)
 			if aborted != nil {
 				panic(aborted)
 			}
@@ -122,8 +147,16 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		token, ok := bearerToken(r.Header.Get("Authorization"))
 		if !ok || !s.cfg.Tokens.Valid(token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="shardsrv"`)
-			writeProblem(w, r, &Problem{Status: http.StatusUnauthorized, Slug: "unauthorized", Title: "A valid bearer token is required",
-				Detail: "send 'Authorization: Bearer <token>' with a token this server accepts"})
+			writeProblem(
+				w,
+				r,
+				&Problem{
+					Status: http.StatusUnauthorized,
+					Slug:   "unauthorized",
+					Title:  "A valid bearer token is required",
+					Detail: "send 'Authorization: Bearer <token>' with a token this server accepts",
+				},
+			)
 			return
 		}
 		next.ServeHTTP(w, r)

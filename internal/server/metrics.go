@@ -25,14 +25,36 @@ func newMetrics(mp metric.MeterProvider, s *Server) *metrics {
 	m := mp.Meter("shardsrv/server")
 	out := &metrics{}
 	out.requests, _ = m.Int64Counter("shardsrv.requests", metric.WithDescription("Requests, by route and status"))
-	out.served, _ = m.Int64Counter("shardsrv.served", metric.WithUnit("By"), metric.WithDescription("Response bytes, by route"))
-	out.planDuration, _ = m.Float64Histogram("shardsrv.plan.duration", metric.WithUnit("s"), metric.WithDescription("Time to resolve and plan a request"))
-	out.streamLatency, _ = m.Float64Histogram("shardsrv.stream.duration", metric.WithUnit("s"), metric.WithDescription("Time to stream a shard, from plan to last byte"),
-		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
-	out.amplification, _ = m.Float64Histogram("shardsrv.read.amplification", metric.WithDescription("Bytes a plan reads from storage per byte it needs"),
-		metric.WithExplicitBucketBoundaries(1, 1.05, 1.1, 1.25, 1.5, 2, 4, 8, 16))
-	out.streams, _ = m.Int64UpDownCounter("shardsrv.streams.active", metric.WithDescription("Shard streams in progress"))
-	inFlight, _ := m.Int64ObservableGauge("shardsrv.buffers.in_flight", metric.WithUnit("By"), metric.WithDescription("Bytes of segment and read buffers held by streams"))
+	out.served, _ = m.Int64Counter(
+		"shardsrv.served",
+		metric.WithUnit("By"),
+		metric.WithDescription("Response bytes, by route"),
+	)
+	out.planDuration, _ = m.Float64Histogram(
+		"shardsrv.plan.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Time to resolve and plan a request"),
+	)
+	out.streamLatency, _ = m.Float64Histogram(
+		"shardsrv.stream.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Time to stream a shard, from plan to last byte"),
+		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+	)
+	out.amplification, _ = m.Float64Histogram(
+		"shardsrv.read.amplification",
+		metric.WithDescription("Bytes a plan reads from storage per byte it needs"),
+		metric.WithExplicitBucketBoundaries(1, 1.05, 1.1, 1.25, 1.5, 2, 4, 8, 16),
+	)
+	out.streams, _ = m.Int64UpDownCounter(
+		"shardsrv.streams.active",
+		metric.WithDescription("Shard streams in progress"),
+	)
+	inFlight, _ := m.Int64ObservableGauge(
+		"shardsrv.buffers.in_flight",
+		metric.WithUnit("By"),
+		metric.WithDescription("Bytes of segment and read buffers held by streams"),
+	)
 	m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		if s.cfg.Executor != nil {
 			o.ObserveInt64(inFlight, s.cfg.Executor.BytesInFlight())

@@ -42,18 +42,35 @@ type opsEnv struct {
 func opsServer(t *testing.T, mutate func(*server.Config, store.Store)) *opsEnv {
 	dir := t.TempDir()
 	data := pattern(1024*4096*2, 5)
-	writeCheckpoint(t, &harness{put: localPut(t, dir)}, "m", safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{1024, 4096}, Data: data})
+	writeCheckpoint(
+		t,
+		&harness{put: localPut(t, dir)},
+		"m",
+		safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{1024, 4096}, Data: data},
+	)
 	st, _ := store.NewLocal(dir)
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 256 << 10
 	cfg := server.Config{Planner: opts, MaxBodyBytes: 1 << 20}
-	cfg.Executor = executor.New(st, executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: 100 * time.Millisecond})
+	cfg.Executor = executor.New(
+		st,
+		executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: 100 * time.Millisecond},
+	)
 	cfg.Catalog = checkpoint.New(st)
 	if mutate != nil {
 		mutate(&cfg, st)
 	}
 	e := &opsEnv{srv: server.New(cfg), exec: cfg.Executor, data: data,
-		req: shardReq("m", api.TensorRequest{Name: "w", Dtype: api.BF16, Shape: []int64{1024, 4096}, Boxes: whole(1024, 4096), Blocks: copyOf("w", 1024, 4096)})}
+		req: shardReq(
+			"m",
+			api.TensorRequest{
+				Name:   "w",
+				Dtype:  api.BF16,
+				Shape:  []int64{1024, 4096},
+				Boxes:  whole(1024, 4096),
+				Blocks: copyOf("w", 1024, 4096),
+			},
+		)}
 	ts := httptest.NewServer(e.srv.Handler())
 	t.Cleanup(ts.Close)
 	e.url = ts.URL
@@ -91,7 +108,8 @@ func TestBearerTokens(t *testing.T) {
 		if res.StatusCode != c.status {
 			t.Errorf("%q: %d %s", c.header, res.StatusCode, body)
 		}
-		if c.status == 401 && (res.Header.Get("WWW-Authenticate") == "" || !strings.Contains(string(body), `"status":401`) || strings.Contains(string(body), "alpha")) {
+		if c.status == 401 &&
+			(res.Header.Get("WWW-Authenticate") == "" || !strings.Contains(string(body), `"status":401`) || strings.Contains(string(body), "alpha")) {
 			t.Errorf("%q: a 401 problem with WWW-Authenticate and no token in it, got %s", c.header, body)
 		}
 	}
@@ -116,7 +134,8 @@ func TestTooManyTensorsOrBlocks(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) { c.Limits.MaxTensors, c.Limits.MaxBlocks = 2, 2 })
 	req := e.req
 	req.Tensors = append(req.Tensors, req.Tensors[0], req.Tensors[0])
-	if res, body := e.post(t, "/v1/shards", req); res.StatusCode != 413 || !strings.Contains(string(body), "split the request") {
+	if res, body := e.post(t, "/v1/shards", req); res.StatusCode != 413 ||
+		!strings.Contains(string(body), "split the request") {
 		t.Errorf("3 tensors over a limit of 2: %d %s", res.StatusCode, body)
 	}
 }
@@ -131,7 +150,12 @@ func stalledClient(t *testing.T, e *opsEnv) net.Conn {
 	if tcp, ok := conn.(*net.TCPConn); ok {
 		tcp.SetReadBuffer(4096)
 	}
-	io.WriteString(conn, "POST /v1/shards HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+itoa(len(raw))+"\r\n\r\n")
+	io.WriteString(
+		conn,
+		"POST /v1/shards HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+itoa(
+			len(raw),
+		)+"\r\n\r\n",
+	)
 	conn.Write(raw)
 	t.Cleanup(func() { conn.Close() })
 	return conn
@@ -165,7 +189,10 @@ func TestMemoryBudgetShedsLoad(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) {
 		c.Planner.SegmentBytes = 8 << 20
 		c.Limits.WriteTimeout = 5 * time.Second
-		c.Executor = executor.New(st, executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 9 << 20, AdmitWait: 100 * time.Millisecond})
+		c.Executor = executor.New(
+			st,
+			executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 9 << 20, AdmitWait: 100 * time.Millisecond},
+		)
 	})
 	stalledClient(t, e)
 	waitFor(t, "the stalled stream to hold memory", func() bool { return e.exec.BytesInFlight() > 0 })
@@ -179,7 +206,11 @@ func TestStalledClientReleasesItsMemory(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) { c.Limits.WriteTimeout = 300 * time.Millisecond })
 	stalledClient(t, e)
 	waitFor(t, "the stream to hold memory", func() bool { return e.exec.BytesInFlight() > 0 })
-	waitFor(t, "the write deadline to cut the stalled client off and free its buffers", func() bool { return e.exec.BytesInFlight() == 0 })
+	waitFor(
+		t,
+		"the write deadline to cut the stalled client off and free its buffers",
+		func() bool { return e.exec.BytesInFlight() == 0 },
+	)
 	if res, body := e.post(t, "/v1/shards", e.req); res.StatusCode != 200 || !bytes.Equal(body, e.data) {
 		t.Errorf("the server serves others after: %d", res.StatusCode)
 	}
@@ -225,7 +256,16 @@ func TestSpansAndMetrics(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, local store.Store) {
 		st := telemetry.InstrumentStore(local, tp, mp)
 		c.Catalog = checkpoint.New(st)
-		c.Executor = executor.New(st, executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second, Tracer: tp.Tracer("executor")})
+		c.Executor = executor.New(
+			st,
+			executor.Config{
+				Window:      2,
+				MaxRead:     1 << 20,
+				MemoryBytes: 1 << 30,
+				AdmitWait:   time.Second,
+				Tracer:      tp.Tracer("executor"),
+			},
+		)
 		c.Tracer, c.Meter = tp, mp
 	})
 	gather := e.req
@@ -236,7 +276,10 @@ func TestSpansAndMetrics(t *testing.T) {
 	}
 	// The request's span and metrics end after the last byte reaches the client: wait for them.
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if slices.ContainsFunc(spans.Ended(), func(s sdktrace.ReadOnlySpan) bool { return s.Name() == "POST /v1/shards" }) {
+		if slices.ContainsFunc(
+			spans.Ended(),
+			func(s sdktrace.ReadOnlySpan) bool { return s.Name() == "POST /v1/shards" },
+		) {
 			break
 		}
 	}
@@ -295,7 +338,8 @@ func TestMetricsEndpointServesPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(res.Body)
-	if !strings.Contains(string(body), `shardsrv_requests_total{`) || !strings.Contains(string(body), `route="/v1/plan"`) {
+	if !strings.Contains(string(body), `shardsrv_requests_total{`) ||
+		!strings.Contains(string(body), `route="/v1/plan"`) {
 		t.Errorf("/metrics: %s", body)
 	}
 }

@@ -42,7 +42,12 @@ func toProblem(err error) *Problem {
 	case errors.As(err, &p):
 		return p
 	case errors.As(err, &verr):
-		out := &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-request", Title: "The request cannot be served", Detail: verr.Error()}
+		out := &Problem{
+			Status: http.StatusUnprocessableEntity,
+			Slug:   "invalid-request",
+			Title:  "The request cannot be served",
+			Detail: verr.Error(),
+		}
 		if verr.Schema {
 			out.Status, out.Title = http.StatusBadRequest, "The request does not follow the schema"
 		}
@@ -55,34 +60,97 @@ func toProblem(err error) *Problem {
 		if ptr == "" {
 			ptr = "/layout"
 		}
-		return &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-layout", Title: "The layout cannot be built for this checkpoint",
-			Detail: lerr.Detail, Errors: []api.FieldError{{Pointer: ptr, Detail: lerr.Detail}}}
+		return &Problem{
+			Status: http.StatusUnprocessableEntity,
+			Slug:   "invalid-layout",
+			Title:  "The layout cannot be built for this checkpoint",
+			Detail: lerr.Detail,
+			Errors: []api.FieldError{{Pointer: ptr, Detail: lerr.Detail}},
+		}
 	case errors.Is(err, checkpoint.ErrNoFile):
 		return &Problem{Status: http.StatusNotFound, Slug: "unknown-file", Title: "No such file", Detail: err.Error()}
 	case errors.Is(err, checkpoint.ErrFileTooLarge):
-		return &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "file-too-large", Title: "The file is over the size cap", Detail: err.Error()}
+		return &Problem{
+			Status: http.StatusRequestEntityTooLarge,
+			Slug:   "file-too-large",
+			Title:  "The file is over the size cap",
+			Detail: err.Error(),
+		}
 	case errors.Is(err, store.ErrInvalidKey):
-		return &Problem{Status: http.StatusBadRequest, Slug: "invalid-checkpoint-name", Title: "Invalid checkpoint name", Detail: err.Error(),
-			Errors: []api.FieldError{{Pointer: "/checkpoint", Detail: "names are relative paths of [A-Za-z0-9._-] segments; '..' and absolute paths are refused"}}}
+		return &Problem{
+			Status: http.StatusBadRequest,
+			Slug:   "invalid-checkpoint-name",
+			Title:  "Invalid checkpoint name",
+			Detail: err.Error(),
+			Errors: []api.FieldError{
+				{
+					Pointer: "/checkpoint",
+					Detail:  "names are relative paths of [A-Za-z0-9._-] segments; '..' and absolute paths are refused",
+				},
+			},
+		}
 	case errors.Is(err, checkpoint.ErrNotFound):
-		return &Problem{Status: http.StatusNotFound, Slug: "unknown-checkpoint", Title: "Unknown checkpoint", Detail: err.Error()}
+		return &Problem{
+			Status: http.StatusNotFound,
+			Slug:   "unknown-checkpoint",
+			Title:  "Unknown checkpoint",
+			Detail: err.Error(),
+		}
 	case errors.As(err, &cerr):
-		return &Problem{Status: http.StatusUnprocessableEntity, Slug: "invalid-checkpoint", Title: "The checkpoint cannot be served as stored", Detail: err.Error()}
+		return &Problem{
+			Status: http.StatusUnprocessableEntity,
+			Slug:   "invalid-checkpoint",
+			Title:  "The checkpoint cannot be served as stored",
+			Detail: err.Error(),
+		}
 	case errors.Is(err, store.ErrChanged), errors.Is(err, store.ErrNotFound):
-		return &Problem{Status: http.StatusConflict, Slug: "checkpoint-changed", Title: "A checkpoint file changed while it was read", Detail: err.Error() + "; retry the request"}
+		return &Problem{
+			Status: http.StatusConflict,
+			Slug:   "checkpoint-changed",
+			Title:  "A checkpoint file changed while it was read",
+			Detail: err.Error() + "; retry the request",
+		}
 	case errors.Is(err, executor.ErrBusy):
-		return &Problem{Status: http.StatusServiceUnavailable, Slug: "busy", Title: "The server is busy", Detail: err.Error() + "; retry shortly", RetryAfter: 1}
+		return &Problem{
+			Status:     http.StatusServiceUnavailable,
+			Slug:       "busy",
+			Title:      "The server is busy",
+			Detail:     err.Error() + "; retry shortly",
+			RetryAfter: 1,
+		}
 	case errors.Is(err, store.ErrPermissionDenied):
-		return &Problem{Status: http.StatusBadGateway, Slug: "store-access-denied", Title: "The store denied this server access", Detail: err.Error()}
+		return &Problem{
+			Status: http.StatusBadGateway,
+			Slug:   "store-access-denied",
+			Title:  "The store denied this server access",
+			Detail: err.Error(),
+		}
 	case errors.Is(err, store.ErrUnavailable):
-		return &Problem{Status: http.StatusServiceUnavailable, Slug: "store-unavailable", Title: "The store is overloaded", Detail: err.Error(), RetryAfter: 1}
+		return &Problem{
+			Status:     http.StatusServiceUnavailable,
+			Slug:       "store-unavailable",
+			Title:      "The store is overloaded",
+			Detail:     err.Error(),
+			RetryAfter: 1,
+		}
 	case errors.Is(err, context.DeadlineExceeded):
 		return &Problem{Status: http.StatusGatewayTimeout, Slug: "timeout", Title: "The request did not finish in time",
 			Detail: err.Error() + ": the store was slow, or the request plans more than --request-timeout allows"}
 	case errors.Is(err, context.Canceled): // the client left, or the server is shutting down
-		return &Problem{Status: http.StatusServiceUnavailable, Slug: "cancelled", Title: "The request was cancelled", Detail: err.Error(), RetryAfter: 1}
+		return &Problem{
+			Status:     http.StatusServiceUnavailable,
+			Slug:       "cancelled",
+			Title:      "The request was cancelled",
+			Detail:     err.Error(),
+			RetryAfter: 1,
+		}
 	}
-	return &Problem{Status: http.StatusBadGateway, Slug: "storage-failure", Title: "The store failed", Detail: err.Error()}
+	return &Problem{
+		Status: http.StatusBadGateway,
+		Slug:   "storage-failure",
+		Title:  "The store failed",
+		Detail: err.Error(),
+	}
 }
 
 func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {

@@ -25,7 +25,20 @@ func TestSeedBlocksFillOneTensorFromTwo(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		qk(t, h, "BF16", bf16(arange(0, 12)...), bf16(arange(100, 6)...))
 		blocks := []api.Block{rowsBlock("q", 0, 4, 3, 0), rowsBlock("k", 0, 2, 3, 4)}
-		res := h.do("POST", "/v1/shards", shardReq("qk", api.TensorRequest{Name: "qk", Dtype: api.F32, Shape: []int64{6, 3}, Boxes: whole(6, 3), Blocks: &blocks}))
+		res := h.do(
+			"POST",
+			"/v1/shards",
+			shardReq(
+				"qk",
+				api.TensorRequest{
+					Name:   "qk",
+					Dtype:  api.F32,
+					Shape:  []int64{6, 3},
+					Boxes:  whole(6, 3),
+					Blocks: &blocks,
+				},
+			),
+		)
 		want := append(arange(0, 12), arange(100, 6)...)
 		if res.status != 200 || !slices.Equal(readF32(res.body), want) {
 			t.Fatalf("%d %v, want %v", res.status, readF32(res.body), want)
@@ -38,9 +51,25 @@ func TestSeedBlocksFillOneTensorFromTwo(t *testing.T) {
 
 func TestSeedTransposeIsCopiedStraight(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
-		writeCheckpoint(t, h, "w", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{2, 3}, Data: f32(arange(0, 6)...)})
-		blocks := []api.Block{{Offsets: []int64{0, 0}, Lengths: []int64{3, 2}, Source: "w", Base: []int64{0, 0}, Coeff: [][]int64{{0, 1}, {1, 0}}}}
-		req := shardReq("w", api.TensorRequest{Name: "t", Dtype: api.F32, Shape: []int64{3, 2}, Boxes: whole(3, 2), Blocks: &blocks})
+		writeCheckpoint(
+			t,
+			h,
+			"w",
+			safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{2, 3}, Data: f32(arange(0, 6)...)},
+		)
+		blocks := []api.Block{
+			{
+				Offsets: []int64{0, 0},
+				Lengths: []int64{3, 2},
+				Source:  "w",
+				Base:    []int64{0, 0},
+				Coeff:   [][]int64{{0, 1}, {1, 0}},
+			},
+		}
+		req := shardReq(
+			"w",
+			api.TensorRequest{Name: "t", Dtype: api.F32, Shape: []int64{3, 2}, Boxes: whole(3, 2), Blocks: &blocks},
+		)
 		res := h.do("POST", "/v1/shards", req)
 		if want := []float32{0, 3, 1, 4, 2, 5}; res.status != 200 || !slices.Equal(readF32(res.body), want) {
 			t.Fatalf("%d %v, want %v", res.status, readF32(res.body), want)
@@ -59,11 +88,28 @@ func TestSeedGatheredBlockAppliesPostInCheckpointDType(t *testing.T) {
 		for i := range src {
 			src[i] = tensor.F32FromBF16(tensor.BF16FromF32(float32(-3 + 6*float64(i)/9)))
 		}
-		writeCheckpoint(t, h, "v", safetensors.TensorData{Name: "v", DType: "BF16", Shape: []int64{10}, Data: bf16(src...)})
+		writeCheckpoint(
+			t,
+			h,
+			"v",
+			safetensors.TensorData{Name: "v", DType: "BF16", Shape: []int64{10}, Data: bf16(src...)},
+		)
 		one := 1.0
 		post := []api.PostOp{{Op: "add", Value: &one}}
-		blocks := []api.Block{{Offsets: []int64{0}, Lengths: []int64{5}, Source: "v", Base: []int64{0}, Coeff: [][]int64{{2}}, Post: &post}}
-		req := shardReq("v", api.TensorRequest{Name: "v", Dtype: api.F32, Shape: []int64{5}, Boxes: whole(5), Blocks: &blocks})
+		blocks := []api.Block{
+			{
+				Offsets: []int64{0},
+				Lengths: []int64{5},
+				Source:  "v",
+				Base:    []int64{0},
+				Coeff:   [][]int64{{2}},
+				Post:    &post,
+			},
+		}
+		req := shardReq(
+			"v",
+			api.TensorRequest{Name: "v", Dtype: api.F32, Shape: []int64{5}, Boxes: whole(5), Blocks: &blocks},
+		)
 		res := h.do("POST", "/v1/shards", req)
 		for i, got := range readF32(res.body) {
 			if want := tensor.F32FromBF16(tensor.BF16FromF32(src[2*i] + 1)); got != want {
@@ -93,8 +139,11 @@ func TestSeedBlocksAreCutToTheShard(t *testing.T) {
 		var plan api.PlanResponse
 		json.Unmarshal(h.do("POST", "/v1/plan", req).body, &plan)
 		pieces := plan.Tensors[0].Boxes[0].Pieces
-		if len(pieces) != 2 || pieces[0].Source != "q" || !slices.Equal(pieces[0].Offsets, []int64{3, 0}) || !slices.Equal(pieces[0].Lengths, []int64{1, 3}) ||
-			pieces[1].Source != "k" || !slices.Equal(pieces[1].Offsets, []int64{4, 0}) || !slices.Equal(pieces[1].Lengths, []int64{2, 3}) {
+		if len(pieces) != 2 || pieces[0].Source != "q" || !slices.Equal(pieces[0].Offsets, []int64{3, 0}) ||
+			!slices.Equal(pieces[0].Lengths, []int64{1, 3}) ||
+			pieces[1].Source != "k" ||
+			!slices.Equal(pieces[1].Offsets, []int64{4, 0}) ||
+			!slices.Equal(pieces[1].Lengths, []int64{2, 3}) {
 			t.Errorf("pieces %+v", pieces)
 		}
 		// q row 3 and k rows 0-1: 12 + 24 bytes, and nothing else.
@@ -106,7 +155,12 @@ func TestSeedBlocksAreCutToTheShard(t *testing.T) {
 
 func TestSeedReadsPastTheEndAndMissingSourcesAreRefused(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
-		writeCheckpoint(t, h, "w", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{2, 3}, Data: make([]byte, 24)})
+		writeCheckpoint(
+			t,
+			h,
+			"w",
+			safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{2, 3}, Data: make([]byte, 24)},
+		)
 		for _, c := range []struct {
 			block   api.Block
 			pointer string
@@ -116,8 +170,23 @@ func TestSeedReadsPastTheEndAndMissingSourcesAreRefused(t *testing.T) {
 			{rowsBlock("missing", 0, 2, 3, 0), "/tensors/0/blocks/0/source", `"missing"`},
 		} {
 			blocks := []api.Block{c.block}
-			res := h.do("POST", "/v1/shards", shardReq("w", api.TensorRequest{Name: "d", Dtype: api.F32, Shape: []int64{3, 3}, Boxes: whole(3, 3), Blocks: &blocks, Fill: ptr(json.Number("0"))}))
-			if res.status != http.StatusUnprocessableEntity || res.problem.Errors == nil || (*res.problem.Errors)[0].Pointer != c.pointer ||
+			res := h.do(
+				"POST",
+				"/v1/shards",
+				shardReq(
+					"w",
+					api.TensorRequest{
+						Name:   "d",
+						Dtype:  api.F32,
+						Shape:  []int64{3, 3},
+						Boxes:  whole(3, 3),
+						Blocks: &blocks,
+						Fill:   ptr(json.Number("0")),
+					},
+				),
+			)
+			if res.status != http.StatusUnprocessableEntity || res.problem.Errors == nil ||
+				(*res.problem.Errors)[0].Pointer != c.pointer ||
 				!strings.Contains((*res.problem.Errors)[0].Detail, c.quoted) {
 				t.Errorf("%+v: %d %s", c.block, res.status, res.body)
 			}
@@ -127,7 +196,12 @@ func TestSeedReadsPastTheEndAndMissingSourcesAreRefused(t *testing.T) {
 
 func TestSeedMalformedBlocksAreRefused(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
-		writeCheckpoint(t, h, "w", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{6}, Data: make([]byte, 24)})
+		writeCheckpoint(
+			t,
+			h,
+			"w",
+			safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{6}, Data: make([]byte, 24)},
+		)
 		for _, c := range []struct {
 			block  api.Block
 			status int
@@ -136,7 +210,14 @@ func TestSeedMalformedBlocksAreRefused(t *testing.T) {
 			{api.Block{Offsets: []int64{0}, Lengths: []int64{2}, Source: "w", Base: []int64{4}, Coeff: [][]int64{{-1}}}, 400},
 		} {
 			blocks := []api.Block{c.block}
-			res := h.do("POST", "/v1/shards", shardReq("w", api.TensorRequest{Name: "d", Dtype: api.F32, Shape: []int64{2}, Boxes: whole(2), Blocks: &blocks}))
+			res := h.do(
+				"POST",
+				"/v1/shards",
+				shardReq(
+					"w",
+					api.TensorRequest{Name: "d", Dtype: api.F32, Shape: []int64{2}, Boxes: whole(2), Blocks: &blocks},
+				),
+			)
 			if res.status != c.status || res.problem.Errors == nil {
 				t.Errorf("%+v: %d %s", c.block, res.status, res.body)
 			}

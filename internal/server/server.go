@@ -95,16 +95,26 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.MaxBlocks, "max-blocks", DefaultMaxBlocks, "blocks per request, all tensors together (413 above)")
 	fs.IntVar(&l.MaxStreams, "max-streams", DefaultMaxStreams,
 		"requests planning or streaming at once, /v1/shards and /v1/plan together (503 with Retry-After above)")
-	fs.DurationVar(&l.RequestTimeout, "request-timeout", DefaultRequestTimeout, "longest a request may take, streaming included")
+	fs.DurationVar(
+		&l.RequestTimeout,
+		"request-timeout",
+		DefaultRequestTimeout,
+		"longest a request may take, streaming included",
+	)
 	fs.DurationVar(&l.WriteTimeout, "write-timeout", DefaultWriteTimeout,
 		"longest one write to a client may take; a stalled client is cut off and its buffers freed")
-	fs.DurationVar(&l.BodyTimeout, "body-timeout", DefaultBodyTimeout,
-		"longest a client may take to send a request body (408 after it); a request takes its stream slot only once its body is in")
+	fs.DurationVar(
+		&l.BodyTimeout,
+		"body-timeout",
+		DefaultBodyTimeout,
+		"longest a client may take to send a request body (408 after it); a request takes its stream slot only once its body is in",
+	)
 }
 
 // Validate reports limits the server cannot run with.
 func (l *Limits) Validate() error {
-	if l.MaxTensors < 1 || l.MaxBlocks < 1 || l.MaxStreams < 1 || l.RequestTimeout <= 0 || l.WriteTimeout <= 0 || l.BodyTimeout <= 0 {
+	if l.MaxTensors < 1 || l.MaxBlocks < 1 || l.MaxStreams < 1 || l.RequestTimeout <= 0 || l.WriteTimeout <= 0 ||
+		l.BodyTimeout <= 0 {
 		return errors.New("--max-tensors, --max-blocks, --max-streams and the timeouts must be positive")
 	}
 	return nil
@@ -147,7 +157,12 @@ func New(cfg Config) *Server {
 	if l.BodyTimeout <= 0 {
 		l.BodyTimeout = DefaultBodyTimeout
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, tracer: cfg.Tracer.Tracer("shardsrv/server"), streams: make(chan struct{}, l.MaxStreams)}
+	s := &Server{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		tracer:  cfg.Tracer.Tracer("shardsrv/server"),
+		streams: make(chan struct{}, l.MaxStreams),
+	}
 	s.metrics = newMetrics(cfg.Meter, s)
 	return s
 }
@@ -184,7 +199,10 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) (release func(), 
 		return func() { <-s.streams }, true
 	default:
 		writeProblem(w, r, &Problem{Status: http.StatusServiceUnavailable, Slug: "busy", Title: "The server is busy",
-			Detail: fmt.Sprintf("%d shard streams and plans are running, the most this server takes; retry shortly", s.cfg.Limits.MaxStreams), RetryAfter: 1})
+			Detail: fmt.Sprintf(
+				"%d shard streams and plans are running, the most this server takes; retry shortly",
+				s.cfg.Limits.MaxStreams,
+			), RetryAfter: 1})
 		return nil, false
 	}
 }
@@ -192,18 +210,54 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) (release func(), 
 // Handler returns the HTTP handler with every route of openapi.yaml.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.bodyDeadline, otelhttp.NewMiddleware("shardsrv", otelhttp.WithTracerProvider(s.cfg.Tracer), otelhttp.WithMeterProvider(s.cfg.Meter)),
-		requestID, s.accessLog, s.authenticate)
+	r.Use(
+		s.bodyDeadline,
+		otelhttp.NewMiddleware(
+			"shardsrv",
+			otelhttp.WithTracerProvider(s.cfg.Tracer),
+			otelhttp.WithMeterProvider(s.cfg.Meter),
+		),
+		requestID,
+		s.accessLog,
+		s.authenticate,
+	)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, r, &Problem{Status: http.StatusNotFound, Slug: "no-route", Title: "No such endpoint", Detail: r.Method + " " + r.URL.Path + " is not an endpoint of this service; see openapi.yaml"})
+		writeProblem(
+			w,
+			r,
+			&Problem{
+				Status: http.StatusNotFound,
+				Slug:   "no-route",
+				Title:  "No such endpoint",
+				Detail: r.Method + " " + r.URL.Path + " is not an endpoint of this service; see openapi.yaml",
+			},
+		)
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, r, &Problem{Status: http.StatusMethodNotAllowed, Slug: "method-not-allowed", Title: "Method not allowed", Detail: r.Method + " is not allowed on " + r.URL.Path})
+		writeProblem(
+			w,
+			r,
+			&Problem{
+				Status: http.StatusMethodNotAllowed,
+				Slug:   "method-not-allowed",
+				Title:  "Method not allowed",
+				Detail: r.Method + " is not allowed on " + r.URL.Path,
+			},
+		)
 	})
 	return gen.HandlerWithOptions(s, gen.ChiServerOptions{
 		BaseRouter: r,
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeProblem(w, r, &Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter", Detail: err.Error()})
+			writeProblem(
+				w,
+				r,
+				&Problem{
+					Status: http.StatusBadRequest,
+					Slug:   "invalid-parameter",
+					Title:  "Invalid query parameter",
+					Detail: err.Error(),
+				},
+			)
 		},
 	})
 }
@@ -237,7 +291,13 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Prob
 const decodedBodyFactor = 4
 
 func malformed(detail string, fields ...api.FieldError) *Problem {
-	return &Problem{Status: http.StatusBadRequest, Slug: "malformed-request", Title: "The request is not valid JSON for this endpoint", Detail: detail, Errors: fields}
+	return &Problem{
+		Status: http.StatusBadRequest,
+		Slug:   "malformed-request",
+		Title:  "The request is not valid JSON for this endpoint",
+		Detail: detail,
+		Errors: fields,
+	}
 }
 
 // decodeBody reads and decodes a body. Once read, the body is charged to the memory budget streams
@@ -298,10 +358,16 @@ func (s *Server) parseBody(body []byte, v any) *Problem {
 		if strings.HasPrefix(typeErr.Value, "number") { // a number no float64 holds, such as 1e999
 			sc := jsonScan{b: body, findHuge: true}
 			if sc.value(); sc.huge != "" {
-				return malformed(sc.huge+": the number is beyond the range of a float64", api.FieldError{Pointer: sc.huge, Detail: "number out of range"})
+				return malformed(
+					sc.huge+": the number is beyond the range of a float64",
+					api.FieldError{Pointer: sc.huge, Detail: "number out of range"},
+				)
 			}
 		}
-		return malformed("a value has the wrong JSON type", api.FieldError{Pointer: "/" + strings.ReplaceAll(typeErr.Field, ".", "/"), Detail: "wrong JSON type"})
+		return malformed(
+			"a value has the wrong JSON type",
+			api.FieldError{Pointer: "/" + strings.ReplaceAll(typeErr.Field, ".", "/"), Detail: "wrong JSON type"},
+		)
 	}
 	return malformed(err.Error())
 }
@@ -348,11 +414,19 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Prob
 		if gzipped {
 			what = "decoded body"
 		}
-		return nil, &Problem{Status: http.StatusRequestEntityTooLarge, Slug: "body-too-large", Title: "Request body too large",
-			Detail: fmt.Sprintf("the %s is over %d bytes; split the request", what, tooBig.Limit)}
+		return nil, &Problem{
+			Status: http.StatusRequestEntityTooLarge,
+			Slug:   "body-too-large",
+			Title:  "Request body too large",
+			Detail: fmt.Sprintf("the %s is over %d bytes; split the request", what, tooBig.Limit),
+		}
 	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
-		return nil, &Problem{Status: http.StatusRequestTimeout, Slug: "body-timeout", Title: "The request body did not arrive in time",
-			Detail: fmt.Sprintf("the body was not received within %s; send it at once", s.cfg.Limits.BodyTimeout)}
+		return nil, &Problem{
+			Status: http.StatusRequestTimeout,
+			Slug:   "body-timeout",
+			Title:  "The request body did not arrive in time",
+			Detail: fmt.Sprintf("the body was not received within %s; send it at once", s.cfg.Limits.BodyTimeout),
+		}
 	case gzipped && (errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.Is(err, io.ErrUnexpectedEOF) || isFlateError(err)):
 		return nil, malformed("the gzip body is corrupt or truncated: " + err.Error())
 	}
@@ -370,17 +444,29 @@ func isFlateError(err error) bool {
 // without -H declares application/x-www-form-urlencoded, and the problem says what to send.
 func checkContentType(ct string) *Problem {
 	unsupported := func(detail string) *Problem {
-		return &Problem{Status: http.StatusUnsupportedMediaType, Slug: "unsupported-media-type", Title: "The body must be JSON", Detail: detail}
+		return &Problem{
+			Status: http.StatusUnsupportedMediaType,
+			Slug:   "unsupported-media-type",
+			Title:  "The body must be JSON",
+			Detail: detail,
+		}
 	}
 	if ct == "" {
 		return nil
 	}
 	mt, params, err := mime.ParseMediaType(ct)
 	if err != nil {
-		return unsupported(fmt.Sprintf("Content-Type %q does not parse; send 'Content-Type: application/json'", truncate(ct, 100)))
+		return unsupported(
+			fmt.Sprintf("Content-Type %q does not parse; send 'Content-Type: application/json'", truncate(ct, 100)),
+		)
 	}
 	if mt != "application/json" && !(strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
-		return unsupported(fmt.Sprintf("Content-Type %q is not JSON; send 'Content-Type: application/json' (curl: -H 'Content-Type: application/json')", truncate(mt, 100)))
+		return unsupported(
+			fmt.Sprintf(
+				"Content-Type %q is not JSON; send 'Content-Type: application/json' (curl: -H 'Content-Type: application/json')",
+				truncate(mt, 100),
+			),
+		)
 	}
 	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
 		return unsupported(fmt.Sprintf("charset %q: JSON bodies are UTF-8", truncate(cs, 100)))
@@ -404,8 +490,15 @@ func contentCoding(values []string) (gzipped bool, p *Problem) {
 	case len(codings) == 1 && (codings[0] == "gzip" || codings[0] == "x-gzip"):
 		return true, nil
 	}
-	return false, &Problem{Status: http.StatusUnsupportedMediaType, Slug: "unsupported-content-encoding", Title: "Unsupported Content-Encoding",
-		Detail: fmt.Sprintf("Content-Encoding %q: this server decodes gzip, or takes the body as it is", truncate(strings.Join(codings, ", "), 100))}
+	return false, &Problem{
+		Status: http.StatusUnsupportedMediaType,
+		Slug:   "unsupported-content-encoding",
+		Title:  "Unsupported Content-Encoding",
+		Detail: fmt.Sprintf(
+			"Content-Encoding %q: this server decodes gzip, or takes the body as it is",
+			truncate(strings.Join(codings, ", "), 100),
+		),
+	}
 }
 
 func truncate(s string, n int) string {
@@ -417,7 +510,8 @@ func truncate(s string, n int) string {
 
 // jsonScan walks a JSON text that encoding/json has accepted, once, without building values: it
 // finds the first object that holds a key twice (comparing keys as encoding/json matches them to
-// fields, regardless of case, so {"fill":1,"FILL":2} is a duplicate too). Its cost is linear in the body: objects with many keys are
+// fields, regardless of case, so {"fill":1,"FILL":2} is a duplicate too). Its cost is linear in the body: objects with
+// many keys are
 // checked through a map.
 type jsonScan struct {
 	b    []byte
@@ -624,7 +718,9 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (_ *api.ShardReq
 	}
 	bad := malformed
 	if req.Checkpoint == "" {
-		return fail(bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"}))
+		return fail(
+			bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"}),
+		)
 	}
 	blocks := 0
 	for _, t := range req.Tensors {
@@ -633,10 +729,21 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (_ *api.ShardReq
 		}
 	}
 	if len(req.Tensors) > s.cfg.Limits.MaxTensors || blocks > s.cfg.Limits.MaxBlocks {
-		return fail(&Problem{Status: http.StatusRequestEntityTooLarge, Slug: "request-too-large", Title: "Too many tensors or blocks",
-			Detail: fmt.Sprintf("the request has %d tensors and %d blocks; this server takes at most %d and %d: split the request",
-				len(req.Tensors), blocks, s.cfg.Limits.MaxTensors, s.cfg.Limits.MaxBlocks),
-			Errors: []api.FieldError{{Pointer: "/tensors", Detail: "split the request"}}})
+		return fail(
+			&Problem{
+				Status: http.StatusRequestEntityTooLarge,
+				Slug:   "request-too-large",
+				Title:  "Too many tensors or blocks",
+				Detail: fmt.Sprintf(
+					"the request has %d tensors and %d blocks; this server takes at most %d and %d: split the request",
+					len(req.Tensors),
+					blocks,
+					s.cfg.Limits.MaxTensors,
+					s.cfg.Limits.MaxBlocks,
+				),
+				Errors: []api.FieldError{{Pointer: "/tensors", Detail: "split the request"}},
+			},
+		)
 	}
 	return &req, release, nil
 }
@@ -644,7 +751,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (_ *api.ShardReq
 // admitAndPlan decodes a request, takes a slot — only now, so a client slow to send its body holds
 // none — and plans it. When ok, done gives back the slot and the memory the body and plan hold;
 // otherwise the problem was written.
-func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, forStream bool) (plan *planner.Plan, done func(), ok bool) {
+func (s *Server) admitAndPlan(
+	w http.ResponseWriter,
+	r *http.Request,
+	forStream bool,
+) (plan *planner.Plan, done func(), ok bool) {
 	req, releaseBody, p := s.decode(w, r)
 	if p != nil {
 		writeProblem(w, r, p)
@@ -669,8 +780,16 @@ func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, forStream 
 // charged to the executor's budget: all a plan may grow to while it is built, then what it holds;
 // release gives that back once the plan is no longer used. A plan for a stream carries no pieces
 // (they only feed /v1/plan's report).
-func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (plan *planner.Plan, release func(), p *Problem) {
-	ctx, span := s.tracer.Start(r.Context(), "catalog.open", trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)))
+func (s *Server) plan(
+	r *http.Request,
+	req *api.ShardRequest,
+	forStream bool,
+) (plan *planner.Plan, release func(), p *Problem) {
+	ctx, span := s.tracer.Start(
+		r.Context(),
+		"catalog.open",
+		trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)),
+	)
 	ck, err := s.cfg.Catalog.Open(ctx, req.Checkpoint)
 	span.End()
 	if err == nil {
@@ -750,7 +869,15 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			s.cfg.Catalog.ReadFailed(plan.Checkpoint, err)
 			if r.Context().Err() == nil {
-				s.log.Error("aborting a shard stream after its headers were sent", "err", err, "checkpoint", plan.Checkpoint, "request_id", middleware.GetReqID(r.Context()))
+				s.log.Error(
+					"aborting a shard stream after its headers were sent",
+					"err",
+					err,
+					"checkpoint",
+					plan.Checkpoint,
+					"request_id",
+					middleware.GetReqID(r.Context()),
+				)
 			}
 			panic(http.ErrAbortHandler)
 		}
@@ -789,7 +916,14 @@ func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
 const reportEntryBytes = 200
 
 func planResponse(p *planner.Plan, maxRead int64) api.PlanResponse {
-	resp := api.PlanResponse{Summary: api.PlanSummary{OutputBytes: p.BodyBytes, NeededBytes: p.NeededBytes, ReadBytes: p.ReadBytes, ReadRequests: p.ReadRequests}}
+	resp := api.PlanResponse{
+		Summary: api.PlanSummary{
+			OutputBytes:  p.BodyBytes,
+			NeededBytes:  p.NeededBytes,
+			ReadBytes:    p.ReadBytes,
+			ReadRequests: p.ReadRequests,
+		},
+	}
 	boxes := []int{} // boxes per tensor, in request order; items are in body order
 	for _, it := range p.Items {
 		for len(boxes) <= it.Tensor {
@@ -802,19 +936,32 @@ func planResponse(p *planner.Plan, maxRead int64) api.PlanResponse {
 		resp.Tensors[i].Boxes = make([]api.BoxPlan, n)
 	}
 	for _, it := range p.Items {
-		box := api.BoxPlan{Offsets: it.Offsets, Lengths: it.Lengths, OutputOffset: it.Output, OutputBytes: it.Bytes, Pieces: []api.PiecePlan{}, Reads: []api.ReadPlan{}}
+		box := api.BoxPlan{
+			Offsets:      it.Offsets,
+			Lengths:      it.Lengths,
+			OutputOffset: it.Output,
+			OutputBytes:  it.Bytes,
+			Pieces:       []api.PiecePlan{},
+			Reads:        []api.ReadPlan{},
+		}
 		for _, pc := range it.Pieces {
 			mode := api.Gather
 			if pc.Direct {
 				mode = api.Direct
 			}
-			box.Pieces = append(box.Pieces, api.PiecePlan{Block: pc.Block, Source: pc.Source, Offsets: pc.Offsets, Lengths: pc.Lengths, Mode: mode})
+			box.Pieces = append(
+				box.Pieces,
+				api.PiecePlan{Block: pc.Block, Source: pc.Source, Offsets: pc.Offsets, Lengths: pc.Lengths, Mode: mode},
+			)
 		}
 		for _, seg := range it.Segments {
 			for _, list := range [][]planner.Read{seg.Direct, seg.Spans} {
 				for _, rd := range list {
 					for _, part := range planner.SplitReads(rd, maxRead) {
-						box.Reads = append(box.Reads, api.ReadPlan{File: part.Key, Offset: part.Offset, Length: part.Length})
+						box.Reads = append(
+							box.Reads,
+							api.ReadPlan{File: part.Key, Offset: part.Offset, Length: part.Length},
+						)
 					}
 				}
 			}
@@ -867,7 +1014,14 @@ func (l *tensorListing) entry(ck *checkpoint.Checkpoint, i int) []byte {
 		lo := i / listingChunkLen * listingChunkLen
 		for _, name := range l.names[lo:min(lo+listingChunkLen, len(l.names))] {
 			t := ck.Tensors[name]
-			b, _ := json.Marshal(api.TensorInfo{Name: name, Dtype: t.DTypeName, Shape: t.Shape, File: strings.TrimPrefix(t.Key, ck.Name+"/")})
+			b, _ := json.Marshal(
+				api.TensorInfo{
+					Name:  name,
+					Dtype: t.DTypeName,
+					Shape: t.Shape,
+					File:  strings.TrimPrefix(t.Key, ck.Name+"/"),
+				},
+			)
 			c.json = append(c.json, b...)
 			c.ends = append(c.ends, len(c.json))
 		}
@@ -885,8 +1039,12 @@ func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.
 	limit := defaultTensorPage
 	if params.Limit != nil {
 		if limit = *params.Limit; limit < 1 || limit > maxTensorPage {
-			writeProblem(w, r, &Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter",
-				Detail: fmt.Sprintf("limit %d: a page holds 1 to %d tensors", limit, maxTensorPage)})
+			writeProblem(
+				w,
+				r,
+				&Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter",
+					Detail: fmt.Sprintf("limit %d: a page holds 1 to %d tensors", limit, maxTensorPage)},
+			)
 			return
 		}
 	}
@@ -894,8 +1052,12 @@ func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.
 	if params.PageToken != nil && *params.PageToken != "" {
 		b, err := base64.RawURLEncoding.DecodeString(*params.PageToken)
 		if err != nil {
-			writeProblem(w, r, &Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter",
-				Detail: "page_token is not a token this server gave: pass next_page_token as it came"})
+			writeProblem(
+				w,
+				r,
+				&Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter",
+					Detail: "page_token is not a token this server gave: pass next_page_token as it came"},
+			)
 			return
 		}
 		after = string(b)
@@ -954,13 +1116,33 @@ func (s *Server) Healthz(w http.ResponseWriter, r *http.Request) {
 // Readyz answers 200 while the store is reachable.
 func (s *Server) Readyz(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() {
-		writeProblem(w, r, &Problem{Status: http.StatusServiceUnavailable, Slug: "draining", Title: "The server is shutting down", Detail: "this instance takes no new requests", RetryAfter: 1})
+		writeProblem(
+			w,
+			r,
+			&Problem{
+				Status:     http.StatusServiceUnavailable,
+				Slug:       "draining",
+				Title:      "The server is shutting down",
+				Detail:     "this instance takes no new requests",
+				RetryAfter: 1,
+			},
+		)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	if err := s.cfg.Catalog.Store().Check(ctx); err != nil {
-		writeProblem(w, r, &Problem{Status: http.StatusServiceUnavailable, Slug: "not-ready", Title: "The store is not reachable", Detail: err.Error(), RetryAfter: 5})
+		writeProblem(
+			w,
+			r,
+			&Problem{
+				Status:     http.StatusServiceUnavailable,
+				Slug:       "not-ready",
+				Title:      "The store is not reachable",
+				Detail:     err.Error(),
+				RetryAfter: 5,
+			},
+		)
 		return
 	}
 	writeJSON(w, api.Health{Status: "ready"})

@@ -156,7 +156,15 @@ func (l *Local) ReadAt(ctx context.Context, key, ver string, p []byte, off int64
 		return fmt.Errorf("%s: %q: %w: another process has it open for writing", what, key, ErrChanged)
 	}
 	if off < 0 || off+int64(len(p)) > before.Size() {
-		return fmt.Errorf("%s: %q: %w: [%d, %d) of %d bytes", what, key, ErrOutOfRange, off, off+int64(len(p)), before.Size())
+		return fmt.Errorf(
+			"%s: %q: %w: [%d, %d) of %d bytes",
+			what,
+			key,
+			ErrOutOfRange,
+			off,
+			off+int64(len(p)),
+			before.Size(),
+		)
 	}
 	if _, err := f.ReadAt(p, off); err != nil {
 		if err == io.EOF { // truncated between fstat and the read

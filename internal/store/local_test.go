@@ -100,7 +100,10 @@ func TestLocalVersionSeesARewriteThatRestoresMtime(t *testing.T) {
 	if after.Size != before.Size || after.Version == before.Version {
 		t.Fatalf("a same-size rewrite with the old mtime kept the version %q", after.Version)
 	}
-	if err := s.ReadAt(context.Background(), "m/f", before.Version, make([]byte, 8), 0); !errors.Is(err, store.ErrChanged) {
+	if err := s.ReadAt(context.Background(), "m/f", before.Version, make([]byte, 8), 0); !errors.Is(
+		err,
+		store.ErrChanged,
+	) {
 		t.Errorf("reading the old version: %v, want ErrChanged", err)
 	}
 }
@@ -117,7 +120,8 @@ func TestValidateKeyLengths(t *testing.T) {
 		{strings.Repeat(seg[:100]+"/", 10) + strings.Repeat("b", 15), false},
 	}
 	for _, c := range cases {
-		if err := store.ValidateKey(c.key); (err == nil) != c.ok || (err != nil && !errors.Is(err, store.ErrInvalidKey)) {
+		if err := store.ValidateKey(c.key); (err == nil) != c.ok ||
+			(err != nil && !errors.Is(err, store.ErrInvalidKey)) {
 			t.Errorf("ValidateKey(%d bytes): %v, want ok=%v", len(c.key), err, c.ok)
 		}
 	}

@@ -67,11 +67,20 @@ func ValidateKey(key string) error {
 			return fmt.Errorf("%w %q: segments must be non-empty names, not '.' or '..'", ErrInvalidKey, key)
 		}
 		if len(seg) > MaxSegmentBytes {
-			return fmt.Errorf("%w: a segment of %d bytes, more than the %d a segment may have", ErrInvalidKey, len(seg), MaxSegmentBytes)
+			return fmt.Errorf(
+				"%w: a segment of %d bytes, more than the %d a segment may have",
+				ErrInvalidKey,
+				len(seg),
+				MaxSegmentBytes,
+			)
 		}
 		for _, c := range seg {
 			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-				return fmt.Errorf("%w %q: only letters, digits, '.', '_' and '-' are allowed in a segment", ErrInvalidKey, key)
+				return fmt.Errorf(
+					"%w %q: only letters, digits, '.', '_' and '-' are allowed in a segment",
+					ErrInvalidKey,
+					key,
+				)
 			}
 		}
 	}

@@ -24,8 +24,15 @@ type Store struct {
 // InstrumentStore wraps s; put it under the cache so it sees what storage sees.
 func InstrumentStore(s store.Store, tp trace.TracerProvider, mp metric.MeterProvider) *Store {
 	m := mp.Meter("shardsrv/store")
-	bytes, _ := m.Int64Counter("shardsrv.storage.read", metric.WithUnit("By"), metric.WithDescription("Bytes read from storage"))
-	requests, _ := m.Int64Counter("shardsrv.storage.requests", metric.WithDescription("Storage requests, by operation and outcome"))
+	bytes, _ := m.Int64Counter(
+		"shardsrv.storage.read",
+		metric.WithUnit("By"),
+		metric.WithDescription("Bytes read from storage"),
+	)
+	requests, _ := m.Int64Counter(
+		"shardsrv.storage.requests",
+		metric.WithDescription("Storage requests, by operation and outcome"),
+	)
 	return &Store{next: s, tracer: tp.Tracer("shardsrv/store"), bytes: bytes, requests: requests}
 }
 

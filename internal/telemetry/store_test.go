@@ -28,7 +28,11 @@ func TestEveryStoreMethodIsTraced(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	local, put := storetest.Local(t)
 	put("m/a", []byte("abc"))
-	s := telemetry.InstrumentStore(local, sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), metricnoop.NewMeterProvider())
+	s := telemetry.InstrumentStore(
+		local,
+		sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		metricnoop.NewMeterProvider(),
+	)
 	ctx := context.Background()
 	info, _ := s.Stat(ctx, "m/a")
 	s.ReadAt(ctx, "m/a", info.Version, make([]byte, 2), 0)

@@ -42,7 +42,10 @@ func tracesWanted() bool {
 
 // New builds the providers for a service named name (OTEL_SERVICE_NAME overrides it).
 func New(ctx context.Context, name, version string) (*Providers, error) {
-	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(semconv.ServiceName(name), semconv.ServiceVersion(version)))
+	res, err := resource.Merge(
+		resource.Default(),
+		resource.NewSchemaless(semconv.ServiceName(name), semconv.ServiceVersion(version)),
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +58,11 @@ func New(ctx context.Context, name, version string) (*Providers, error) {
 		return nil, err
 	}
 	meter := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithResource(res))
-	p := &Providers{Meter: meter, Metrics: promhttp.HandlerFor(registry, promhttp.HandlerOpts{}), Tracer: noop.NewTracerProvider()}
+	p := &Providers{
+		Meter:   meter,
+		Metrics: promhttp.HandlerFor(registry, promhttp.HandlerOpts{}),
+		Tracer:  noop.NewTracerProvider(),
+	}
 	shutdowns := []func(context.Context) error{meter.Shutdown}
 	if tracesWanted() {
 		exp, err := otlptracehttp.New(ctx)

@@ -108,7 +108,14 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 		switch op.Kind {
 		case OpNeg, OpMul, OpAdd, OpExp:
 			if !work.IsFloat() {
-				return nil, &PipelineError{i, fmt.Sprintf("%s needs a float working dtype, the values are %s here: cast them first", op.Kind, work)}
+				return nil, &PipelineError{
+					i,
+					fmt.Sprintf(
+						"%s needs a float working dtype, the values are %s here: cast them first",
+						op.Kind,
+						work,
+					),
+				}
 			}
 			s := step{op: op.Kind, to: work, round: work, v64: op.Value}
 			if work != F64 {
@@ -120,7 +127,14 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 				return nil, &PipelineError{i, "cast needs a dtype"}
 			}
 			if !CanConvert(work, op.DType) {
-				return nil, &PipelineError{i, fmt.Sprintf("cannot cast %s to %s: only float to float, integer or BOOL to float, and lossless integer widening are allowed", work, op.DType)}
+				return nil, &PipelineError{
+					i,
+					fmt.Sprintf(
+						"cannot cast %s to %s: only float to float, integer or BOOL to float, and lossless integer widening are allowed",
+						work,
+						op.DType,
+					),
+				}
 			}
 			p.steps = append(p.steps, step{op: OpCast, to: op.DType, round: op.DType})
 			work = op.DType
@@ -132,7 +146,14 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 		}
 	}
 	if !p.identity && !CanConvert(work, dst) {
-		return nil, &PipelineError{-1, fmt.Sprintf("cannot convert %s to %s: only float to float, integer or BOOL to float, and lossless integer widening are allowed", work, dst)}
+		return nil, &PipelineError{
+			-1,
+			fmt.Sprintf(
+				"cannot convert %s to %s: only float to float, integer or BOOL to float, and lossless integer widening are allowed",
+				work,
+				dst,
+			),
+		}
 	}
 	p.steps = append(p.steps, step{op: OpCast, to: dst, round: dst, final: true})
 	if len(ops) == 0 {
@@ -148,7 +169,10 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 var fastPaths = map[[2]DType]func(dst []byte, dstStride int, src []byte, srcStride int, n int){
 	{F32, BF16}: func(dst []byte, ds int, src []byte, ss int, n int) {
 		for i := range n {
-			binary.LittleEndian.PutUint16(dst[i*ds:], BF16FromF32(math.Float32frombits(binary.LittleEndian.Uint32(src[i*ss:]))))
+			binary.LittleEndian.PutUint16(
+				dst[i*ds:],
+				BF16FromF32(math.Float32frombits(binary.LittleEndian.Uint32(src[i*ss:]))),
+			)
 		}
 	},
 }

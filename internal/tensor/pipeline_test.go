@@ -94,7 +94,8 @@ func TestCastChangesWorkingDType(t *testing.T) {
 	binary.LittleEndian.PutUint32(src[4:], 7)
 	out := make([]byte, 16)
 	p.Run(out, 8, src, 4, 2)
-	if a, b := math.Float64frombits(binary.LittleEndian.Uint64(out)), math.Float64frombits(binary.LittleEndian.Uint64(out[8:])); a != -1.5 || b != 3.5 {
+	if a, b := math.Float64frombits(binary.LittleEndian.Uint64(out)), math.Float64frombits(binary.LittleEndian.Uint64(out[8:])); a != -1.5 ||
+		b != 3.5 {
 		t.Errorf("got %v %v", a, b)
 	}
 	// cast to BF16 rounds, the later F32 store keeps the rounded value.

@@ -52,7 +52,9 @@ func ckpt(tensors ...*checkpoint.Tensor) *checkpoint.Checkpoint {
 }
 
 func bf16(name string, shape ...int64) *checkpoint.Tensor {
-	return &checkpoint.Tensor{Tensor: safetensors.Tensor{Name: name, DType: tensor.BF16, DTypeName: "BF16", Shape: shape}}
+	return &checkpoint.Tensor{
+		Tensor: safetensors.Tensor{Name: name, DType: tensor.BF16, DTypeName: "BF16", Shape: shape},
+	}
 }
 
 // localOptions are the options cmd/shardsrv gives a directory store with default flags.
@@ -99,9 +101,19 @@ func report(name string, o outcome) {
 		return
 	}
 	p := o.plan
-	fmt.Printf("%-28s %9.3fs  alloc %8.1f MB  segments %d  output %d  needed %d  read %d (%.3fx output)  requests %d  plan memory %s\n",
-		name, o.took.Seconds(), float64(o.alloc)/1e6, segments(p), p.BodyBytes, p.NeededBytes, p.ReadBytes,
-		float64(p.ReadBytes)/float64(p.BodyBytes), p.ReadRequests, memoryBytes(p))
+	fmt.Printf(
+		"%-28s %9.3fs  alloc %8.1f MB  segments %d  output %d  needed %d  read %d (%.3fx output)  requests %d  plan memory %s\n",
+		name,
+		o.took.Seconds(),
+		float64(o.alloc)/1e6,
+		segments(p),
+		p.BodyBytes,
+		p.NeededBytes,
+		p.ReadBytes,
+		float64(p.ReadBytes)/float64(p.BodyBytes),
+		p.ReadRequests,
+		memoryBytes(p),
+	)
 }
 
 func identity(rank int) [][]int64 {
@@ -126,9 +138,20 @@ func main() {
 	ctx := context.Background()
 	if want("transpose") {
 		ck := ckpt(bf16("w", 8192, 16384))
-		blocks := []api.Block{{Offsets: []int64{0, 0}, Lengths: []int64{16384, 8192}, Source: "w", Base: []int64{0, 0}, Coeff: [][]int64{{0, 1}, {1, 0}}}}
-		req := &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{16384, 8192},
-			Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{16384, 8192}}}, Blocks: &blocks}}}
+		blocks := []api.Block{
+			{
+				Offsets: []int64{0, 0},
+				Lengths: []int64{16384, 8192},
+				Source:  "w",
+				Base:    []int64{0, 0},
+				Coeff:   [][]int64{{0, 1}, {1, 0}},
+			},
+		}
+		req := &api.ShardRequest{
+			Checkpoint: "ck",
+			Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{16384, 8192},
+				Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{16384, 8192}}}, Blocks: &blocks}},
+		}
 		report("transpose 256 MiB (local)", plan(ctx, req, ck, localOptions()))
 		s3 := planner.DefaultOptions() // what cmd/shardsrv gives s3:// with default flags
 		s3.MaxGap, s3.MaxRead, s3.SegmentBytes, s3.SegmentReadBytes, s3.MaxOverread, s3.Align = 1<<20, 8<<20, 16<<20, 32<<20, 16, 8<<20
@@ -140,7 +163,9 @@ func main() {
 			fmt.Sscan(f, &n)
 			req, ck := columns(n)
 			report(fmt.Sprintf("[2, %d] column blocks", n), plan(ctx, req, ck, localOptions()))
-			noPieces(func(o planner.Options) { report(fmt.Sprintf("[2, %d] columns, NoPieces", n), plan(ctx, req, ck, o)) })
+			noPieces(
+				func(o planner.Options) { report(fmt.Sprintf("[2, %d] columns, NoPieces", n), plan(ctx, req, ck, o)) },
+			)
 		}
 	}
 	if want("points") {
@@ -159,19 +184,36 @@ func main() {
 		blocks := make([]api.Block, 0, n*n)
 		for j := range n {
 			for i := range n {
-				blocks = append(blocks, api.Block{Offsets: []int64{i, j}, Lengths: []int64{1, 1}, Source: "w", Base: []int64{j, i}, Coeff: [][]int64{{0, 1}, {1, 0}}})
+				blocks = append(
+					blocks,
+					api.Block{
+						Offsets: []int64{i, j},
+						Lengths: []int64{1, 1},
+						Source:  "w",
+						Base:    []int64{j, i},
+						Coeff:   [][]int64{{0, 1}, {1, 0}},
+					},
+				)
 			}
 		}
-		req := &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{n, n},
-			Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{n, n}}}, Blocks: &blocks}}}
+		req := &api.ShardRequest{
+			Checkpoint: "ck",
+			Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{n, n},
+				Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{n, n}}}, Blocks: &blocks}},
+		}
 		report(fmt.Sprintf("%dx%d grid of blocks", n, n), plan(ctx, req, ck, localOptions()))
 	}
 	if want("broadcast") {
 		ck := ckpt(bf16("s", 1))
 		for _, size := range []int64{1 << 39, 1 << 40, 1 << 42} {
-			blocks := []api.Block{{Offsets: []int64{0}, Lengths: []int64{size}, Source: "s", Base: []int64{0}, Coeff: [][]int64{{0}}}}
-			req := &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{size},
-				Boxes: []api.Box{{Offsets: []int64{0}, Lengths: []int64{size}}}, Blocks: &blocks}}}
+			blocks := []api.Block{
+				{Offsets: []int64{0}, Lengths: []int64{size}, Source: "s", Base: []int64{0}, Coeff: [][]int64{{0}}},
+			}
+			req := &api.ShardRequest{
+				Checkpoint: "ck",
+				Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{size},
+					Boxes: []api.Box{{Offsets: []int64{0}, Lengths: []int64{size}}}, Blocks: &blocks}},
+			}
 			report(fmt.Sprintf("broadcast 2 B -> %d TiB", size*2>>40), plan(ctx, req, ck, localOptions()))
 		}
 	}
@@ -188,13 +230,27 @@ func columns(n int64) (*api.ShardRequest, *checkpoint.Checkpoint) {
 	blocks := make([]api.Block, n)
 	id := identity(2)
 	for j := range n {
-		blocks[j] = api.Block{Offsets: []int64{0, j}, Lengths: []int64{2, 1}, Source: "w", Base: []int64{0, j}, Coeff: id}
+		blocks[j] = api.Block{
+			Offsets: []int64{0, j},
+			Lengths: []int64{2, 1},
+			Source:  "w",
+			Base:    []int64{0, j},
+			Coeff:   id,
+		}
 	}
-	return &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{2, n},
-		Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{2, n}}}, Blocks: &blocks}}}, ck
+	return &api.ShardRequest{
+		Checkpoint: "ck",
+		Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16, Shape: []int64{2, n},
+			Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{2, n}}}, Blocks: &blocks}},
+	}, ck
 }
 
-func newPlan(ctx context.Context, req *api.ShardRequest, ck *checkpoint.Checkpoint, opts planner.Options) (*planner.Plan, error) {
+func newPlan(
+	ctx context.Context,
+	req *api.ShardRequest,
+	ck *checkpoint.Checkpoint,
+	opts planner.Options,
+) (*planner.Plan, error) {
 	return planner.NewContext(ctx, req, ck, opts)
 }
 
@@ -221,6 +277,11 @@ func cancelScenario() {
 		at := time.Now()
 		cancel()
 		err := <-done
-		fmt.Printf("cancel 1 Mi-block plan at %v: returned %v after the cancel (%v)\n", after, time.Since(at).Round(time.Microsecond), errors.Is(err, context.Canceled) || err == nil)
+		fmt.Printf(
+			"cancel 1 Mi-block plan at %v: returned %v after the cancel (%v)\n",
+			after,
+			time.Since(at).Round(time.Microsecond),
+			errors.Is(err, context.Canceled) || err == nil,
+		)
 	}
 }

@@ -104,7 +104,10 @@ func (p *Proxy) Close() { p.server.Close() }
 func s3Error(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/xml")
 	w.WriteHeader(status)
-	io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>`+code+`</Code><Message>`+msg+`</Message><RequestId>fault</RequestId></Error>`)
+	io.WriteString(
+		w,
+		`<?xml version="1.0" encoding="UTF-8"?><Error><Code>`+code+`</Code><Message>`+msg+`</Message><RequestId>fault</RequestId></Error>`,
+	)
 }
 
 // breakBody forwards the request but sends only half the body, then resets or closes.

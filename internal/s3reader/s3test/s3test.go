@@ -126,6 +126,9 @@ func (g *Gateway) Put(t testing.TB, bucket, key string, data []byte) {
 
 // PutErr writes (or replaces) an object.
 func (g *Gateway) PutErr(bucket, key string, data []byte) error {
-	_, err := g.Client.PutObject(context.Background(), &s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: bytes.NewReader(data)})
+	_, err := g.Client.PutObject(
+		context.Background(),
+		&s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: bytes.NewReader(data)},
+	)
 	return err
 }

@@ -71,7 +71,10 @@ func Run(t *testing.T, h Harness) {
 	t.Run("OutOfRange", func(t *testing.T) {
 		s, _, data := newStore(t)
 		for _, off := range []int64{int64(len(data)) - 2, int64(len(data)) + 10} {
-			if err := s.ReadAt(ctx, "ckpt/model.safetensors", "", make([]byte, 4), off); !errors.Is(err, store.ErrOutOfRange) {
+			if err := s.ReadAt(ctx, "ckpt/model.safetensors", "", make([]byte, 4), off); !errors.Is(
+				err,
+				store.ErrOutOfRange,
+			) {
 				t.Errorf("ReadAt past the end at %d: %v, want ErrOutOfRange", off, err)
 			}
 		}
@@ -102,7 +105,10 @@ func Run(t *testing.T, h Harness) {
 		s, put, data := newStore(t)
 		info, _ := s.Stat(ctx, "ckpt/model.safetensors")
 		put("ckpt/model.safetensors", pattern(len(data)+1, 9))
-		if err := s.ReadAt(ctx, "ckpt/model.safetensors", info.Version, make([]byte, 4), 0); !errors.Is(err, store.ErrChanged) {
+		if err := s.ReadAt(ctx, "ckpt/model.safetensors", info.Version, make([]byte, 4), 0); !errors.Is(
+			err,
+			store.ErrChanged,
+		) {
 			t.Errorf("ReadAt of a replaced file with its old version: %v, want ErrChanged", err)
 		}
 		now, err := s.Stat(ctx, "ckpt/model.safetensors")
