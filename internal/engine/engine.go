@@ -56,6 +56,12 @@ func (e *Error) Error() string {
 	return e.Pointer + ": " + e.Detail
 }
 
+// checkpointError is a layout the checkpoint itself cannot take (a missing tensor or config key,
+// shapes that disagree): no request field is at fault.
+func checkpointError(format string, args ...any) *Error {
+	return &Error{Detail: fmt.Sprintf(format, args...)}
+}
+
 // architecture lays out one model class.
 type architecture func(m *model) error
 
@@ -149,7 +155,7 @@ type config map[string]any
 func parseConfig(b []byte) (config, error) {
 	var c config
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, &Error{"", fmt.Sprintf("config.json is not a JSON object: %v", err)}
+		return nil, checkpointError("config.json is not a JSON object: %v", err)
 	}
 	return c, nil
 }
@@ -171,13 +177,13 @@ func (c config) int(key string, def int64) (int64, error) {
 	v, ok := c[key]
 	if !ok || v == nil {
 		if def < 0 {
-			return 0, &Error{"", fmt.Sprintf("config.json has no %q", key)}
+			return 0, checkpointError("config.json has no %q", key)
 		}
 		return def, nil
 	}
 	f, ok := v.(float64)
 	if !ok || f != float64(int64(f)) || f < 0 {
-		return 0, &Error{"", fmt.Sprintf("config.json's %q is %v, not a non-negative integer", key, v)}
+		return 0, checkpointError("config.json's %q is %v, not a non-negative integer", key, v)
 	}
 	return int64(f), nil
 }
@@ -198,7 +204,7 @@ func (c config) ints(key string) ([]int64, error) {
 	for i, v := range raw {
 		f, ok := v.(float64)
 		if !ok || f != float64(int64(f)) {
-			return nil, &Error{"", fmt.Sprintf("config.json's %q holds %v, not an integer", key, v)}
+			return nil, checkpointError("config.json's %q holds %v, not an integer", key, v)
 		}
 		out[i] = int64(f)
 	}

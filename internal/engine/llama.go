@@ -30,14 +30,14 @@ func (m *model) attentionShape() (heads, kvHeads, headDim int64, err error) {
 		return
 	}
 	if heads == 0 {
-		return 0, 0, 0, &Error{"", "config.json's num_attention_heads is 0"}
+		return 0, 0, 0, checkpointError("config.json's num_attention_heads is 0")
 	}
 	if kvHeads, err = m.cfg.int("num_key_value_heads", heads); err != nil {
 		return
 	}
 	headDim, err = m.cfg.int("head_dim", hidden/heads)
 	if err == nil && kvHeads == 0 {
-		err = &Error{"", "config.json's num_key_value_heads is 0"}
+		err = checkpointError("config.json's num_key_value_heads is 0")
 	}
 	return
 }
@@ -57,10 +57,7 @@ func (m *model) decoder(mlp func(i int64, pre string) error) error {
 			pre := fmt.Sprintf("model.layers.%d.", i)
 			at := pre + "self_attn."
 			if arch := m.cfg.architecture(); strings.HasPrefix(arch, "Qwen2") && !m.has(at+"q_proj.bias") {
-				return &Error{
-					"",
-					fmt.Sprintf("%s holds q/k/v biases but the checkpoint has no %sq_proj.bias", arch, at),
-				}
+				return checkpointError("%s holds q/k/v biases but the checkpoint has no %sq_proj.bias", arch, at)
 			}
 			if err := m.qkv(at, at, heads, kvHeads, headDim); err != nil {
 				return err

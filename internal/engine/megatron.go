@@ -35,7 +35,7 @@ func megatronGPT(m *model) error {
 		return err
 	}
 	if heads%groups != 0 {
-		return &Error{"", fmt.Sprintf("%d attention heads do not form %d query groups", heads, groups)}
+		return checkpointError("%d attention heads do not form %d query groups", heads, groups)
 	}
 	perGroup := heads / groups
 	for i := range layers {

@@ -29,14 +29,11 @@ func (m *model) readQuantization() error {
 		return err
 	}
 	if method := config(q).str("quant_method"); method != "fp8" || len(block) != 2 || block[0] < 1 || block[1] < 1 {
-		return &Error{
-			"",
-			fmt.Sprintf(
-				"quantization %q with weight_block_size %v is not laid out here; block-quantized FP8 is",
-				method,
-				block,
-			),
-		}
+		return checkpointError(
+			"quantization %q with weight_block_size %v is not laid out here; block-quantized FP8 is",
+			method,
+			block,
+		)
 	}
 	m.blockN, m.blockK = block[0], block[1]
 	return nil
@@ -46,10 +43,10 @@ func (m *model) readQuantization() error {
 func (m *model) shape(name string, dims int) ([]int64, error) {
 	t, ok := m.tensors[name]
 	if !ok {
-		return nil, &Error{"", fmt.Sprintf("the checkpoint has no tensor %q, which the architecture needs", name)}
+		return nil, checkpointError("the checkpoint has no tensor %q, which the architecture needs", name)
 	}
 	if len(t.Shape) != dims {
-		return nil, &Error{"", fmt.Sprintf("%q has shape %v, not %d-d", name, t.Shape, dims)}
+		return nil, checkpointError("%q has shape %v, not %d-d", name, t.Shape, dims)
 	}
 	return t.Shape, nil
 }
@@ -188,28 +185,28 @@ func (m *model) columnLinear(name string, tp int64, parts ...slab) error {
 			return err
 		}
 		if i > 0 && sh[1] != in {
-			return &Error{
-				"",
-				fmt.Sprintf(
-					"%s.weight has %d input features where %s.weight has %d",
-					s.module,
-					sh[1],
-					parts[0].module,
-					in,
-				),
-			}
+			return checkpointError(
+				"%s.weight has %d input features where %s.weight has %d",
+				s.module,
+				sh[1],
+				parts[0].module,
+				in,
+			)
 		}
 		if m.quantized(s.module) != quant {
-			return &Error{
-				"",
-				fmt.Sprintf("%s and %s are fused by the engine but only one is quantized", s.module, parts[0].module),
-			}
+			return checkpointError(
+				"%s and %s are fused by the engine but only one is quantized",
+				s.module,
+				parts[0].module,
+			)
 		}
 		if (s.index+1)*s.n > sh[0] {
-			return &Error{
-				"",
-				fmt.Sprintf("%s.weight has %d rows; the rank needs rows up to %d", s.module, sh[0], (s.index+1)*s.n),
-			}
+			return checkpointError(
+				"%s.weight has %d rows; the rank needs rows up to %d",
+				s.module,
+				sh[0],
+				(s.index+1)*s.n,
+			)
 		}
 		in, rows, total = sh[1], rows+s.n, total+sh[0]
 		sizes = append(sizes, s.n)

@@ -73,13 +73,13 @@ func (m *model) experts(dst string, count int64, names expertModules) error {
 			if s, err := m.shape(mod+".weight", 2); err != nil {
 				return err
 			} else if s[0] != inter || s[1] != hidden {
-				return &Error{"", fmt.Sprintf("%s.weight has shape %v where %s.weight has %v", mod, s, gate0, sh)}
+				return checkpointError("%s.weight has shape %v where %s.weight has %v", mod, s, gate0, sh)
 			}
 		}
 		if s, err := m.shape(down+".weight", 2); err != nil {
 			return err
 		} else if s[0] != hidden || s[1] != inter {
-			return &Error{"", fmt.Sprintf("%s.weight has shape %v, not [%d, %d]", down, s, hidden, inter)}
+			return checkpointError("%s.weight has shape %v, not [%d, %d]", down, s, hidden, inter)
 		}
 		w13.place(gate+".weight", []int64{j, 0, 0}, []int64{at, 0}, []int64{per, hidden})
 		w13.place(up+".weight", []int64{j, per, 0}, []int64{at, 0}, []int64{per, hidden})
