@@ -103,11 +103,10 @@ type config struct {
 	store        string
 	s3           s3reader.Config
 	maxBodyBytes int64
-	window       int
+	executor     executor.Config
 	memoryBytes  int64
 	cacheBytes   int64
 	cacheChunk   int64
-	admitWait    time.Duration
 	limits       server.Limits
 	tokensFile   string
 	grace        time.Duration
@@ -148,18 +147,7 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 		"cache-chunk-bytes",
 		"the cache's chunk `SIZE`: reads are aligned to it and storage is read in chunks (8MiB for s3://)",
 	)
-	fs.DurationVar(
-		&c.admitWait,
-		"admit-wait",
-		5*time.Second,
-		"how long a new stream waits for memory before it is refused with 503 and Retry-After",
-	)
-	fs.IntVar(
-		&c.window,
-		"window",
-		4,
-		"segments of one response read ahead of the writer; memory per stream is about window x (segment-bytes + segment-read-bytes)",
-	)
+	c.executor.RegisterFlags(fs)
 	c.planner.RegisterFlags(fs)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	c.limits.RegisterFlags(fs)
@@ -262,10 +250,10 @@ func (c *config) validate() error {
 			errors.New("--max-plan-bytes must be positive and fit in --memory-bytes minus --cache-bytes"),
 		)
 	}
-	if c.maxBodyBytes <= 0 || c.window <= 0 {
-		errs = append(errs, errors.New("--max-body-bytes and --window must be positive"))
+	if c.maxBodyBytes <= 0 {
+		errs = append(errs, errors.New("--max-body-bytes must be positive"))
 	}
-	errs = append(errs, c.planner.Validate())
+	errs = append(errs, c.planner.Validate(), c.executor.Validate())
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %v", err))
@@ -324,8 +312,9 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	srv := server.New(server.Config{
 		Catalog: checkpoint.New(st),
-		Executor: executor.New(st, executor.Config{Window: c.window, MaxRead: c.planner.MaxRead,
-			MemoryBytes: c.memoryBytes - c.cacheBytes, AdmitWait: c.admitWait, Tracer: tel.Tracer.Tracer("shardsrv/executor")}),
+		Executor: executor.New(st, executor.Config{Window: c.executor.Window, MaxRead: c.planner.MaxRead,
+			MemoryBytes: c.memoryBytes - c.cacheBytes, AdmitWait: c.executor.AdmitWait,
+			Tracer: tel.Tracer.Tracer("shardsrv/executor")}),
 		Planner:      c.planner,
 		MaxBodyBytes: c.maxBodyBytes,
 		Limits:       c.limits,

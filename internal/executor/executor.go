@@ -7,6 +7,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math/bits"
 	"sort"
@@ -55,6 +56,30 @@ type Config struct {
 	AdmitWait time.Duration
 	// Tracer records a span per segment's gather; nil records nothing.
 	Tracer trace.Tracer
+}
+
+// The defaults of the tunables a flag sets.
+const (
+	DefaultWindow    = 4
+	DefaultAdmitWait = 5 * time.Second
+)
+
+// RegisterFlags registers the executor's tunables on fs, with their defaults; the memory budget
+// and the read size come from the server's and the planner's flags.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.IntVar(&c.Window, "window", DefaultWindow,
+		"segments of one response read ahead of the writer; memory per stream is about window x "+
+			"(segment-bytes + segment-read-bytes)")
+	fs.DurationVar(&c.AdmitWait, "admit-wait", DefaultAdmitWait,
+		"how long a new stream waits for memory before it is refused with 503 and Retry-After")
+}
+
+// Validate reports settings no stream can run with.
+func (c *Config) Validate() error {
+	if c.Window < 1 || c.AdmitWait < 0 {
+		return errors.New("--window must be positive and --admit-wait at least 0")
+	}
+	return nil
 }
 
 // New returns an executor over s.
