@@ -24,12 +24,21 @@ const MaxHeaderLen = 100_000_000
 // PrefixLen is the size of the little-endian header length that starts every file.
 const PrefixLen = 8
 
-// bitSizes lists every dtype safetensors knows, with its size in bits. Dtypes outside the wire
-// contract still count for the layout checks, so a file holding them is described, not refused.
-var bitSizes = map[string]int64{
-	"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
-	"F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-	"I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+// otherBits lists the dtypes safetensors knows beyond the ones shardsrv reads (internal/tensor),
+// with their size in bits: they still count for the layout checks, so a file holding them is
+// described, not refused.
+var otherBits = map[string]int64{"F6_E2M3": 6, "F6_E3M2": 6, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "C64": 64}
+
+// bitSize is a safetensors dtype's size in bits, and whether the format knows it.
+func bitSize(name string) (int64, bool) {
+	if d, ok := tensor.ParseDType(name); ok {
+		if d == tensor.F4 {
+			return 4, true // two a byte
+		}
+		return 8 * int64(d.Size()), true
+	}
+	n, ok := otherBits[name]
+	return n, ok
 }
 
 // Tensor is one entry of a header. Begin and End are absolute offsets in the file.
@@ -151,7 +160,8 @@ func Parse(file string, header []byte, fileSize int64) (*Header, error) {
 				return nil, fail(t.Name, "shape %v overflows", t.Shape)
 			}
 		}
-		if nbits, ok = tensor.CheckedMul(nbits, bitSizes[t.DTypeName]); !ok {
+		bits, _ := bitSize(t.DTypeName) // checked when the entry was read
+		if nbits, ok = tensor.CheckedMul(nbits, bits); !ok {
 			return nil, fail(t.Name, "shape %v overflows", t.Shape)
 		}
 		if nbits%8 != 0 {
@@ -198,7 +208,7 @@ func parseEntry(dec *json.Decoder, name string) (Tensor, error) {
 	if err := json.Unmarshal(raw["dtype"], &t.DTypeName); err != nil || raw["dtype"] == nil {
 		return t, errors.New("needs a string dtype")
 	}
-	if _, ok := bitSizes[t.DTypeName]; !ok {
+	if _, ok := bitSize(t.DTypeName); !ok {
 		return t, fmt.Errorf("has dtype %q, which is not a safetensors dtype", t.DTypeName)
 	}
 	t.DType, _ = tensor.ParseDType(t.DTypeName)
