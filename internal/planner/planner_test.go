@@ -22,9 +22,9 @@ func testCheckpoint() *checkpoint.Checkpoint {
 		dtype tensor.DType
 		shape []int64
 	}{{"a", tensor.F32, []int64{8, 8}}, {"b", tensor.BF16, []int64{4, 4, 4}}, {"s", tensor.I64, nil}, {"w", tensor.BF16, []int64{16, 32}},
-		// Sources of the completions, after the others so their offsets stay.
+		// Sources of the completions and of packed F4 blocks, after the others so their offsets stay.
 		{"q", tensor.F8E4M3, []int64{8, 8}}, {"qs", tensor.F32, []int64{2, 2}}, {"mb", tensor.U8, []int64{4, 2, 16}},
-		{"ms", tensor.U8, []int64{4, 2}}, {"la", tensor.BF16, []int64{2, 8}}, {"lb", tensor.BF16, []int64{8, 2}}} {
+		{"ms", tensor.U8, []int64{4, 2}}, {"f4", tensor.F4, []int64{8, 8}}, {"la", tensor.BF16, []int64{2, 8}}, {"lb", tensor.BF16, []int64{8, 2}}} {
 		n := int64(t.dtype.Size())
 		for _, d := range t.shape {
 			n *= d
@@ -120,6 +120,7 @@ func (m multi) Slice(off, n int64) []byte {
 }
 
 var fuzzSeeds = []string{
+	`{"checkpoint":"ck","tensors":[{"name":"f","dtype":"F32","shape":[8,4],"boxes":[{"offsets":[0,0],"lengths":[8,4]}],"blocks":[{"offsets":[0,0],"lengths":[8,4],"source":"f4","base":[0,1],"coeff":[[1,0],[0,2]]}]}]}`,
 	`{"checkpoint":"ck","tensors":[{"name":"d","dtype":"BF16","shape":[8,8],"boxes":[{"offsets":[2,1],"lengths":[5,6]}],"deferred":{"op":"fp8_block_dequant","sources":["q","qs"],"params":{"block":[4,4]}}}]}`,
 	`{"checkpoint":"ck","tensors":[{"name":"m","dtype":"F32","shape":[4,64],"boxes":[{"offsets":[1,8],"lengths":[2,40]}],"deferred":{"op":"mxfp4_dequant","sources":["mb","ms"]}}]}`,
 	`{"checkpoint":"ck","tensors":[{"name":"l","dtype":"F32","shape":[8,8],"boxes":[{"offsets":[3,0],"lengths":[4,8]}],"deferred":{"op":"lora_merge","sources":["a","la","lb"],"params":{"alpha":2}}}]}`,
