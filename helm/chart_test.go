@@ -133,9 +133,13 @@ func TestDefaults(t *testing.T) {
 	}
 	if env(c, "SHARDSRV_STORE").Value != "s3://models" || env(c, "SHARDSRV_SHUTDOWN_GRACE").Value != "25s" ||
 		env(c, "SHARDSRV_DRAIN_DELAY").Value != "5s" ||
-		*pod.TerminationGracePeriodSeconds <= 5+25 ||
-		env(c, "SHARDSRV_BODY_TIMEOUT").Value != "30s" {
-		t.Errorf("store, drain delay, grace and body timeout: %+v", c.Env)
+		*pod.TerminationGracePeriodSeconds <= 5+25 {
+		t.Errorf("store, drain delay and grace: %+v", c.Env)
+	}
+	for _, name := range []string{"SHARDSRV_BODY_TIMEOUT", "SHARDSRV_CACHE_BYTES", "SHARDSRV_S3_MAX_IN_FLIGHT"} {
+		if env(c, name) != nil {
+			t.Errorf("%s is set by default: tunables left unset take shardsrv's own defaults", name)
+		}
 	}
 	if c.Resources.Limits.Memory().IsZero() || len(pod.TopologySpreadConstraints) == 0 ||
 		pod.TopologySpreadConstraints[0].LabelSelector == nil {

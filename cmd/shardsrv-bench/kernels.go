@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
@@ -137,8 +138,8 @@ func controlPlaneScenario(r *report) {
 		dec.DisallowUnknownFields()
 		must(dec.Decode(&got))
 	})
-	opts := planner.DefaultOptions()
-	opts.MaxGap, opts.MaxRead, opts.SegmentBytes, opts.SegmentReadBytes, opts.MaxOverread, opts.Align = 1<<20, 8<<20, 16<<20, 32<<20, 16, 8<<20
+	opts := planner.ObjectStoreOptions() // what serve plans an s3:// request with
+	opts.Align = cache.ObjectStoreConfig().ChunkBytes
 	var plan *planner.Plan
 	planning := timed(func() {
 		var err error

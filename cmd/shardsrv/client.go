@@ -80,7 +80,8 @@ func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rank
 		&l.ep,
 		"ep",
 		false,
-		"expert parallelism (enable_expert_parallel): each rank holds whole experts, spread over the TP x DP ranks;\nwithout it every expert is split by TP like the other weights, as vLLM does by default",
+		"expert parallelism (enable_expert_parallel): each rank holds whole experts, spread over the TP x DP "+
+			"ranks;\nwithout it every expert is split by TP like the other weights, as vLLM does by default",
 	)
 	fs.StringVar(
 		&l.dtype,
@@ -383,7 +384,8 @@ func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlag
 	if lf.engine != string(api.Vllm) {
 		// The directory is vLLM's sharded_state; another engine's rank is a request to fetch.
 		return fmt.Errorf(
-			"fetch: --out DIR writes vLLM's sharded_state, not a %s checkpoint; fetch another engine's rank with 'shardsrv layout --engine %[1]s' and --request",
+			"fetch: --out DIR writes vLLM's sharded_state, not a %s checkpoint; fetch another engine's rank "+
+				"with 'shardsrv layout --engine %[1]s' and --request",
 			lf.engine,
 		)
 	}

@@ -36,7 +36,7 @@ func live(t *testing.T) (url, folder string) {
 	}
 	st, _ := store.NewLocal(dir)
 	srv := server.New(
-		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), MaxBodyBytes: 1 << 20,
+		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), Limits: server.Limits{MaxBodyBytes: 1 << 20},
 			Executor: executor.New(
 				st,
 				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},

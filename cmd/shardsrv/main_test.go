@@ -44,7 +44,7 @@ func TestConfigErrorsSayWhatToFix(t *testing.T) {
 			t.Errorf("%v: %v, want an error mentioning %q", c.args, err, c.want)
 		}
 	}
-	if _, err := openStore(context.Background(), &config{store: "gs://bucket"}); err == nil {
+	if _, err := openStore(context.Background(), &config{store: "ftp://host/dir"}); err == nil {
 		t.Error("an unsupported store URL must be refused")
 	}
 }
@@ -57,7 +57,7 @@ func TestS3StoreGetsObjectStorageDefaults(t *testing.T) {
 	if c.s3.Bucket != "bucket" || c.s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 ||
 		c.planner.MaxRead != 8<<20 ||
 		c.planner.MaxOverread != 16 ||
-		c.cacheBytes != 512<<20 {
+		c.cache.Bytes != 512<<20 {
 		t.Errorf("%+v %+v: s3 defaults apply where no flag is given", c.s3, c.planner)
 	}
 }

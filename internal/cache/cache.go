@@ -9,6 +9,8 @@ package cache
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -18,8 +20,38 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
+
+// Config sizes the cache.
+type Config struct {
+	Bytes      int64 // capacity; 0 disables the cache
+	ChunkBytes int64 // the unit of storage reads and of eviction
+}
+
+// DefaultConfig suits a local directory, which the OS page cache already caches: no cache.
+func DefaultConfig() Config { return Config{ChunkBytes: 4 << 20} }
+
+// ObjectStoreConfig suits object stores, where every read is a billed round trip: 512 MiB in
+// 8 MiB chunks, one request's worth of transfer each.
+func ObjectStoreConfig() Config { return Config{Bytes: 512 << 20, ChunkBytes: 8 << 20} }
+
+// RegisterFlags registers the cache's flags on fs; the values c holds are the defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.Var(bytesize.Value{P: &c.Bytes}, "cache-bytes",
+		"shared-region cache `SIZE`, taken from --memory-bytes (0 disables it)")
+	fs.Var(bytesize.Value{P: &c.ChunkBytes}, "cache-chunk-bytes",
+		"the cache's chunk `SIZE`: reads are aligned to it and storage is read in chunks")
+}
+
+// Validate reports a cache that cannot hold a chunk.
+func (c *Config) Validate() error {
+	if c.ChunkBytes <= 0 || c.Bytes < 0 || (c.Bytes > 0 && c.Bytes < c.ChunkBytes) {
+		return errors.New("--cache-chunk-bytes must be positive, --cache-bytes 0 or at least one chunk")
+	}
+	return nil
+}
 
 // Stats are the cache's counters since it started.
 type Stats struct {

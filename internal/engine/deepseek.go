@@ -108,14 +108,16 @@ func (m *model) deepseekMoE(mlp string, experts int64) error {
 	// its own e_score_correction_bias, and SharedFusedMoE the shared MLP as _shared_experts; the
 	// state dict keeps the smaller names, under mlp.experts.
 	if m.cfg.str("topk_method") == "noaux_tc" {
-		if err := m.replicated(mlp+"experts.e_score_correction_bias", mlp+"gate.e_score_correction_bias", api.F32); err != nil {
+		bias := mlp + "gate.e_score_correction_bias"
+		if err := m.replicated(mlp+"experts.e_score_correction_bias", bias, api.F32); err != nil {
 			return err
 		}
 	}
 	if shared, err := m.cfg.int("n_shared_experts", 0); err != nil {
 		return err
 	} else if shared > 0 {
-		if err := m.mlp(mlp+"experts._shared_experts.", mlp+"shared_experts.", "gate_proj", "up_proj", "down_proj"); err != nil {
+		err := m.mlp(mlp+"experts._shared_experts.", mlp+"shared_experts.", "gate_proj", "up_proj", "down_proj")
+		if err != nil {
 			return err
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/store"
 	"github.com/shardsrv/shardsrv/internal/tensor"
@@ -50,7 +51,8 @@ type Config struct {
 	Window int
 	// MaxRead splits longer reads into parallel requests.
 	MaxRead int64
-	// MemoryBytes bounds the segment and read buffers of all streams together.
+	// MemoryBytes bounds the segment and read buffers of all streams together. Its flag is the
+	// whole process's budget; the server hands the executor what the cache does not take.
 	MemoryBytes int64
 	// AdmitWait is how long a new stream may wait for memory before it is refused (ErrBusy).
 	AdmitWait time.Duration
@@ -60,13 +62,18 @@ type Config struct {
 
 // The defaults of the tunables a flag sets.
 const (
-	DefaultWindow    = 4
-	DefaultAdmitWait = 5 * time.Second
+	DefaultWindow      = 4
+	DefaultAdmitWait   = 5 * time.Second
+	DefaultMemoryBytes = 1536 << 20
 )
 
-// RegisterFlags registers the executor's tunables on fs, with their defaults; the memory budget
-// and the read size come from the server's and the planner's flags.
+// RegisterFlags registers the executor's tunables on fs, with their defaults; the read size comes
+// from the planner's flags.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.MemoryBytes = DefaultMemoryBytes
+	fs.Var(bytesize.Value{P: &c.MemoryBytes}, "memory-bytes",
+		"memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; "+
+			"a request that finds it spent waits --admit-wait, then gets a 503")
 	fs.IntVar(&c.Window, "window", DefaultWindow,
 		"segments of one response read ahead of the writer; memory per stream is about window x "+
 			"(segment-bytes + segment-read-bytes)")
@@ -76,8 +83,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 
 // Validate reports settings no stream can run with.
 func (c *Config) Validate() error {
-	if c.Window < 1 || c.AdmitWait < 0 {
-		return errors.New("--window must be positive and --admit-wait at least 0")
+	if c.Window < 1 || c.AdmitWait < 0 || c.MemoryBytes <= 0 {
+		return errors.New("--window and --memory-bytes must be positive, --admit-wait at least 0")
 	}
 	return nil
 }

@@ -89,7 +89,8 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 		&o.MaxOverread,
 		"max-overread",
 		o.MaxOverread,
-		"a read (merged across gaps or aligned to cache chunks) may be at most this many times the bytes it needs, on every store",
+		"a read (merged across gaps or aligned to cache chunks) may be at most this many times the bytes "+
+			"it needs, on every store",
 	)
 	fs.Var(
 		bytesize.Value{P: &o.MaxOutputBytes},
@@ -115,7 +116,17 @@ func (o *Options) Validate() error {
 // no read more than 16 times what it needs, at most 1 Mi reads, a 1 TiB body and a 256 MiB plan.
 func DefaultOptions() Options {
 	return Options{SegmentBytes: 8 << 20, SegmentReadBytes: 16 << 20, MaxGap: 64 << 10, MaxRead: 16 << 20,
-		MaxReads: DefaultMaxReads, MaxOverread: DefaultMaxOverread, MaxOutputBytes: DefaultMaxOutputBytes, MaxPlanBytes: DefaultMaxPlanBytes}
+		MaxReads: DefaultMaxReads, MaxOverread: DefaultMaxOverread, MaxOutputBytes: DefaultMaxOutputBytes,
+		MaxPlanBytes: DefaultMaxPlanBytes}
+}
+
+// ObjectStoreOptions suit object stores (S3 and kin). A request costs about 1 MiB of transfer
+// (10-20 ms at 50-100 MB/s per connection), so gaps up to that are read through; 8 MiB parts keep
+// the connections busy; bigger segments keep more of them in flight.
+func ObjectStoreOptions() Options {
+	o := DefaultOptions()
+	o.MaxGap, o.MaxRead, o.SegmentBytes, o.SegmentReadBytes = 1<<20, 8<<20, 16<<20, 32<<20
+	return o
 }
 
 // withDefaults fills the bounds left at zero, so no Options value plans without them.

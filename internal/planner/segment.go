@@ -385,7 +385,8 @@ func (g *fusion) start(b *blockSpec, layout tensor.Strided, src, dst int64) {
 // layout, and the next step of the run (the second copy sets the step; it must move forward in
 // the destination and not backward in the source).
 func (g *fusion) extends(b *blockSpec, layout tensor.Strided, src, dst int64) bool {
-	if b.pipeline != g.b.pipeline || b.src.Key != g.b.src.Key || b.nibbles || !slices.Equal(layout.Lengths, g.layout.Lengths) ||
+	if b.pipeline != g.b.pipeline || b.src.Key != g.b.src.Key || b.nibbles ||
+		!slices.Equal(layout.Lengths, g.layout.Lengths) ||
 		!slices.Equal(layout.Src, g.layout.Src) ||
 		!slices.Equal(layout.Dst, g.layout.Dst) {
 		return false

@@ -59,8 +59,8 @@ func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest)
 				st,
 				executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
 			),
-			Planner:      opts,
-			MaxBodyBytes: 1 << 20,
+			Planner: opts,
+			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
 		},
 	)
 	ts := httptest.NewServer(srv.Handler())

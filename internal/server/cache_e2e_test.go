@@ -48,8 +48,8 @@ func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, 
 				c,
 				executor.Config{Window: 4, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
 			),
-			Planner:      opts,
-			MaxBodyBytes: 1 << 20,
+			Planner: opts,
+			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
 		},
 	)
 	ts := httptest.NewServer(srv.Handler())

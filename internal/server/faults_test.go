@@ -108,9 +108,9 @@ func faultServer(t *testing.T, cfg s3reader.Config) *faultEnv {
 				st,
 				executor.Config{Window: 1, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
 			),
-			Planner:      opts,
-			MaxBodyBytes: 1 << 20,
-			Logger:       slog.New(slog.NewJSONHandler(e.logs, nil)),
+			Planner: opts,
+			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
+			Logger:  slog.New(slog.NewJSONHandler(e.logs, nil)),
 		},
 	)
 	ts := httptest.NewServer(srv.Handler())
@@ -308,9 +308,9 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 				st,
 				executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second},
 			),
-			Planner:      planner.DefaultOptions(),
-			MaxBodyBytes: 1 << 20,
-			Logger:       slog.New(slog.NewJSONHandler(e.logs, nil)),
+			Planner: planner.DefaultOptions(),
+			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
+			Logger:  slog.New(slog.NewJSONHandler(e.logs, nil)),
 		},
 	)
 	ts := httptest.NewServer(srv.Handler())

@@ -103,9 +103,9 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 			st,
 			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: fuzzMemory, AdmitWait: time.Second},
 		),
-		Planner:      opts,
-		MaxBodyBytes: fuzzMaxBody,
+		Planner: opts,
 		Limits: server.Limits{
+			MaxBodyBytes:   fuzzMaxBody,
 			MaxStreams:     4,
 			MaxBlocks:      100_000,
 			RequestTimeout: 5 * time.Second,

@@ -24,7 +24,7 @@ import (
 
 func fifoServer(t *testing.T, st store.Store, requestTimeout time.Duration) string {
 	opts := planner.DefaultOptions()
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, MaxBodyBytes: 1 << 20,
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(
 			st,
 			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},

@@ -95,7 +95,7 @@ func TestOverlongCheckpointNamesAre400(t *testing.T) {
 // A key twice in one object is ambiguous (encoding/json would keep the last): 400, with a
 // pointer to it. Keys match as encoding/json matches them to fields, regardless of case.
 func TestDuplicateKeysAre400(t *testing.T) {
-	e := opsServer(t, func(c *server.Config, st store.Store) { c.MaxBodyBytes = 16 << 20 })
+	e := opsServer(t, func(c *server.Config, st store.Store) { c.Limits.MaxBodyBytes = 16 << 20 })
 	good, _ := json.Marshal(e.req)
 	for _, c := range []struct{ body, pointer string }{
 		{strings.Replace(string(good), `"checkpoint":"m"`, `"checkpoint":"m","checkpoint":"m"`, 1), "/checkpoint"},

@@ -141,7 +141,7 @@ func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(str
 	srv := server.New(server.Config{
 		Catalog: checkpoint.New(
 			st,
-		), Executor: executor.New(st, executor.Config{Window: 3, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, MaxBodyBytes: 1 << 20,
+		), Executor: executor.New(st, executor.Config{Window: 3, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20},
 	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

@@ -51,7 +51,7 @@ func opsServer(t *testing.T, mutate func(*server.Config, store.Store)) *opsEnv {
 	st, _ := store.NewLocal(dir)
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 256 << 10
-	cfg := server.Config{Planner: opts, MaxBodyBytes: 1 << 20}
+	cfg := server.Config{Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20}}
 	cfg.Executor = executor.New(
 		st,
 		executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: 100 * time.Millisecond},

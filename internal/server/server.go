@@ -39,6 +39,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -50,9 +51,7 @@ type Config struct {
 	Catalog  *checkpoint.Catalog
 	Executor *executor.Executor
 	Planner  planner.Options
-	// MaxBodyBytes bounds a request body (413 above it).
-	MaxBodyBytes int64
-	Limits       Limits
+	Limits   Limits
 	// Tokens, when set, are the bearer tokens every route but /healthz, /readyz and /metrics needs.
 	Tokens *Tokens
 	Logger *slog.Logger
@@ -64,8 +63,9 @@ type Config struct {
 
 // Limits protect the service from requests that would take more than their share.
 type Limits struct {
-	MaxTensors int // tensors per request (413 above)
-	MaxBlocks  int // blocks per request, all tensors together (413 above)
+	MaxBodyBytes int64 // a request body, after decoding (413 above)
+	MaxTensors   int   // tensors per request (413 above)
+	MaxBlocks    int   // blocks per request, all tensors together (413 above)
 	// MaxStreams caps the requests that plan at once: shard streams and /v1/plan together (503
 	// with Retry-After above). A request takes its slot only once its body is read and checked, so
 	// a client that is slow to send holds none.
@@ -81,6 +81,7 @@ type Limits struct {
 
 // The limits' defaults, for flags and for Limits left at zero.
 const (
+	DefaultMaxBodyBytes   = 64 << 20
 	DefaultMaxTensors     = 65536
 	DefaultMaxBlocks      = 1 << 20
 	DefaultMaxStreams     = 64
@@ -91,6 +92,8 @@ const (
 
 // RegisterFlags registers the limits' flags on fs, with their defaults.
 func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
+	l.MaxBodyBytes = DefaultMaxBodyBytes
+	fs.Var(bytesize.Value{P: &l.MaxBodyBytes}, "max-body-bytes", "largest request `SIZE` accepted (413 above)")
 	fs.IntVar(&l.MaxTensors, "max-tensors", DefaultMaxTensors, "tensors per request (413 above)")
 	fs.IntVar(&l.MaxBlocks, "max-blocks", DefaultMaxBlocks, "blocks per request, all tensors together (413 above)")
 	fs.IntVar(&l.MaxStreams, "max-streams", DefaultMaxStreams,
@@ -107,15 +110,16 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 		&l.BodyTimeout,
 		"body-timeout",
 		DefaultBodyTimeout,
-		"longest a client may take to send a request body (408 after it); a request takes its stream slot only once its body is in",
+		"longest a client may take to send a request body (408 after it); a request takes its stream slot "+
+			"only once its body is in",
 	)
 }
 
 // Validate reports limits the server cannot run with.
 func (l *Limits) Validate() error {
-	if l.MaxTensors < 1 || l.MaxBlocks < 1 || l.MaxStreams < 1 || l.RequestTimeout <= 0 || l.WriteTimeout <= 0 ||
-		l.BodyTimeout <= 0 {
-		return errors.New("--max-tensors, --max-blocks, --max-streams and the timeouts must be positive")
+	if l.MaxBodyBytes < 1 || l.MaxTensors < 1 || l.MaxBlocks < 1 || l.MaxStreams < 1 ||
+		l.RequestTimeout <= 0 || l.WriteTimeout <= 0 || l.BodyTimeout <= 0 {
+		return errors.New("--max-body-bytes, --max-tensors, --max-blocks, --max-streams and the timeouts must be positive")
 	}
 	return nil
 }
@@ -156,6 +160,9 @@ func New(cfg Config) *Server {
 	}
 	if l.BodyTimeout <= 0 {
 		l.BodyTimeout = DefaultBodyTimeout
+	}
+	if l.MaxBodyBytes <= 0 {
+		l.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -373,7 +380,7 @@ func (s *Server) parseBody(body []byte, v any) *Problem {
 }
 
 // readBody reads a JSON body: Content-Type application/json (or a +json type, in UTF-8), no
-// content coding or gzip, at most MaxBodyBytes after decoding, within BodyTimeout.
+// content coding or gzip, at most Limits.MaxBodyBytes after decoding, within BodyTimeout.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Problem) {
 	if p := checkContentType(r.Header.Get("Content-Type")); p != nil {
 		return nil, p
@@ -383,7 +390,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Prob
 		w.Header().Set("Accept-Encoding", "gzip")
 		return nil, p
 	}
-	limit := s.cfg.MaxBodyBytes
+	limit := s.cfg.Limits.MaxBodyBytes
 	var rd io.Reader = http.MaxBytesReader(w, r.Body, limit)
 	var err error
 	var body []byte
@@ -427,7 +434,8 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Prob
 			Title:  "The request body did not arrive in time",
 			Detail: fmt.Sprintf("the body was not received within %s; send it at once", s.cfg.Limits.BodyTimeout),
 		}
-	case gzipped && (errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) || errors.Is(err, io.ErrUnexpectedEOF) || isFlateError(err)):
+	case gzipped && (errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || isFlateError(err)):
 		return nil, malformed("the gzip body is corrupt or truncated: " + err.Error())
 	}
 	return nil, malformed("the body could not be read: " + err.Error())

@@ -20,9 +20,10 @@ func ctime(fi fs.FileInfo) (int64, bool) {
 type leaseState int
 
 const (
-	leaseHeld        leaseState = iota // no process has the file open for writing, and none can open it until the lease is released
-	leaseWriterOpen                    // a process has the file open for writing: a write may be under way
-	leaseUnavailable                   // not the owner, a file system without leases, leases disabled
+	// No process has the file open for writing, and none can open it until the lease is released.
+	leaseHeld        leaseState = iota
+	leaseWriterOpen             // a process has the file open for writing: a write may be under way
+	leaseUnavailable            // not the owner, a file system without leases, leases disabled
 )
 
 // readLease takes a read lease (fcntl F_SETLEASE, F_RDLCK) on f, opened read-only. The kernel

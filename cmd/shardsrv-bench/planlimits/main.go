@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
@@ -102,7 +103,8 @@ func report(name string, o outcome) {
 	}
 	p := o.plan
 	fmt.Printf(
-		"%-28s %9.3fs  alloc %8.1f MB  segments %d  output %d  needed %d  read %d (%.3fx output)  requests %d  plan memory %s\n",
+		"%-28s %9.3fs  alloc %8.1f MB  segments %d  output %d  needed %d  read %d (%.3fx output)  "+
+			"requests %d  plan memory %s\n",
 		name,
 		o.took.Seconds(),
 		float64(o.alloc)/1e6,
@@ -153,8 +155,8 @@ func main() {
 				Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{16384, 8192}}}, Blocks: &blocks}},
 		}
 		report("transpose 256 MiB (local)", plan(ctx, req, ck, localOptions()))
-		s3 := planner.DefaultOptions() // what cmd/shardsrv gives s3:// with default flags
-		s3.MaxGap, s3.MaxRead, s3.SegmentBytes, s3.SegmentReadBytes, s3.MaxOverread, s3.Align = 1<<20, 8<<20, 16<<20, 32<<20, 16, 8<<20
+		s3 := planner.ObjectStoreOptions() // what serve plans an s3:// request with
+		s3.Align = cache.ObjectStoreConfig().ChunkBytes
 		report("transpose 256 MiB (s3)", plan(ctx, req, ck, s3))
 	}
 	if want("columns") {
@@ -266,7 +268,8 @@ func memoryBytes(p *planner.Plan) string { return fmt.Sprintf("%.1f MB", float64
 // to return after the cancel.
 func cancelScenario() {
 	req, ck := columns(1 << 20)
-	for _, after := range []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond, 900 * time.Millisecond} {
+	for _, ms := range []time.Duration{50, 200, 500, 900} {
+		after := ms * time.Millisecond
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {

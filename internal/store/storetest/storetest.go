@@ -55,7 +55,8 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ReadAt", func(t *testing.T) {
 		s, _, data := newStore(t)
 		info, _ := s.Stat(ctx, "ckpt/model.safetensors")
-		for _, r := range []struct{ off, n int64 }{{0, 8}, {0, int64(len(data))}, {12345, 777}, {int64(len(data)) - 3, 3}, {50, 0}} {
+		reads := []struct{ off, n int64 }{{0, 8}, {0, int64(len(data))}, {12345, 777}, {int64(len(data)) - 3, 3}, {50, 0}}
+		for _, r := range reads {
 			for _, ver := range []string{"", info.Version} {
 				p := make([]byte, r.n)
 				if err := s.ReadAt(ctx, "ckpt/model.safetensors", ver, p, r.off); err != nil {
@@ -91,7 +92,9 @@ func Run(t *testing.T, h Harness) {
 		s, _, _ := newStore(t)
 		long := strings.Repeat("a", store.MaxSegmentBytes+1)
 		deep := strings.Repeat("d/", store.MaxKeyBytes/2) + "x"
-		for _, key := range []string{"", "/etc/passwd", "../x", "ckpt/../../x", "ckpt//model.safetensors", "ckpt/./model.safetensors", "ckpt/a b", `ckpt\x`, "ckpt/" + long, deep} {
+		bad := []string{"", "/etc/passwd", "../x", "ckpt/../../x", "ckpt//model.safetensors",
+			"ckpt/./model.safetensors", "ckpt/a b", `ckpt\x`, "ckpt/" + long, deep}
+		for _, key := range bad {
 			if _, err := s.Stat(ctx, key); !errors.Is(err, store.ErrInvalidKey) {
 				t.Errorf("Stat(%q): %v, want ErrInvalidKey", key, err)
 			}

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/shardsrv/shardsrv/internal/cache"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/s3reader"
+	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/telemetry"
+)
+
+// config is serve's configuration, from flags with SHARDSRV_* fallbacks. Each package's part
+// registers its own flags and validates itself; this file only checks what spans parts.
+type config struct {
+	addr        string
+	store       string
+	s3          s3reader.Config
+	executor    executor.Config
+	cache       cache.Config
+	limits      server.Limits
+	planner     planner.Options
+	tokensFile  string
+	grace       time.Duration
+	drainDelay  time.Duration
+	idleTimeout time.Duration
+	logLevel    string
+}
+
+// newServeFlags returns serve's flags over a fresh config whose defaults suit a local directory,
+// or an object store.
+func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) {
+	c := &config{planner: planner.DefaultOptions(), cache: cache.DefaultConfig()}
+	if objectStore {
+		c.planner, c.cache = planner.ObjectStoreOptions(), cache.ObjectStoreConfig()
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.addr, "addr", ":8080", "`HOST:PORT` to listen on")
+	fs.StringVar(&c.store, "store", "", "where checkpoints are: "+storeForms()+
+		"; each checkpoint is a folder (key prefix) in it (required)")
+	c.s3.RegisterFlags(fs)
+	c.executor.RegisterFlags(fs)
+	c.cache.RegisterFlags(fs)
+	c.planner.RegisterFlags(fs)
+	c.limits.RegisterFlags(fs)
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
+	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it "+
+		"changes; every route but /healthz, /readyz and /metrics then needs one (default: no auth)")
+	fs.DurationVar(&c.grace, "shutdown-grace", 25*time.Second,
+		"after --drain-delay, how long in-flight streams may take to finish once the listener is closed")
+	fs.DurationVar(&c.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long /readyz answers 503 "+
+		"while new requests are still served, so load balancers stop sending first")
+	return c, fs
+}
+
+// objectStoreDefaults lists the flags whose defaults differ for object stores, as serve -h shows.
+func objectStoreDefaults() string {
+	_, local := newServeFlags(false, io.Discard)
+	_, object := newServeFlags(true, io.Discard)
+	var diffs []string
+	object.VisitAll(func(f *flag.Flag) {
+		if f.DefValue != local.Lookup(f.Name).DefValue {
+			diffs = append(diffs, "--"+f.Name+" "+f.DefValue)
+		}
+	})
+	return strings.Join(diffs, " ")
+}
+
+// parseServe parses serve's flags. It parses twice when --store names an object store: the
+// second time over the object-store defaults, so a flag left unset takes the default that suits it.
+func parseServe(args []string, stderr io.Writer) (*config, error) {
+	c, err := parseServeOnce(args, false, stderr)
+	if err == nil && isObjectStore(c.store) {
+		c, err = parseServeOnce(args, true, stderr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := parseStoreURL(c); err != nil {
+		return nil, fmt.Errorf("--store: %v", err)
+	}
+	return c, c.validate()
+}
+
+func parseServeOnce(args []string, objectStore bool, stderr io.Writer) (*config, error) {
+	c, fs := newServeFlags(objectStore, stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: shardsrv serve --store %s [flags]\n\n"+
+			"Runs the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n"+
+			"S3 credentials and region come from the standard AWS chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,\n"+
+			"AWS_PROFILE and the shared files, or web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA "+
+			"sets).\nFor object stores the defaults become %s unless given.\n"+
+			"Sizes take units: 16777216, 16MiB, 16Mi, 1.5GiB.\n\nFlags:\n", storeForms(), objectStoreDefaults())
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "SHARDSRV_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && !set[f.Name] {
+			if err := f.Value.Set(v); err != nil && envErr == nil {
+				envErr = fmt.Errorf("%s=%q: %v", env, v, err)
+			}
+		}
+	})
+	return c, envErr
+}
+
+func (c *config) validate() error {
+	var errs []error
+	if c.store == "" {
+		errs = append(errs, errors.New(
+			"--store is required: the directory holding checkpoint folders (try 'make run' for an example)"))
+	}
+	if c.cache.Bytes >= c.executor.MemoryBytes {
+		errs = append(errs, errors.New("--cache-bytes must be less than --memory-bytes"))
+	}
+	if c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 {
+		errs = append(errs, errors.New("--idle-timeout and --shutdown-grace must be positive, --drain-delay at least 0"))
+	}
+	if c.planner.MaxPlanBytes > c.executor.MemoryBytes-c.cache.Bytes {
+		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
+	}
+	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.planner.Validate(), c.executor.Validate(),
+		c.cache.Validate())
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level: %v", err))
+	}
+	return errors.Join(errs...)
+}
+
+func serve(args []string, stderr io.Writer) error {
+	c, err := parseServe(args, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	level.UnmarshalText([]byte(c.logLevel))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// Keep the Go heap near the memory budget (plus room for the runtime and request metadata),
+	// so the garbage collector works harder before the pod's memory limit is reached.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(c.executor.MemoryBytes + 256<<20)
+	}
+	tel, err := telemetry.New(context.Background(), "shardsrv", version)
+	if err != nil {
+		return err
+	}
+	defer tel.Shutdown(context.Background())
+	raw, err := openStore(context.Background(), c)
+	if err != nil {
+		return err
+	}
+	var st store.Store = telemetry.InstrumentStore(raw, tel.Tracer, tel.Meter)
+	if c.cache.Bytes > 0 {
+		cached, err := cache.New(st, c.cache.Bytes, c.cache.ChunkBytes)
+		if err != nil {
+			return err
+		}
+		telemetry.ObserveCache(tel.Meter, cached)
+		st = cached
+		c.planner.Align = c.cache.ChunkBytes
+	}
+	var tokens *server.Tokens
+	if c.tokensFile != "" {
+		if tokens, err = server.LoadTokens(c.tokensFile, server.TokensOptions{Logger: log}); err != nil {
+			return err
+		}
+	}
+	executorConfig := c.executor
+	executorConfig.MaxRead = c.planner.MaxRead
+	executorConfig.MemoryBytes -= c.cache.Bytes // the cache takes its part of the budget up front
+	executorConfig.Tracer = tel.Tracer.Tracer("shardsrv/executor")
+	srv := server.New(server.Config{
+		Catalog:  checkpoint.New(st),
+		Executor: executor.New(st, executorConfig),
+		Planner:  c.planner,
+		Limits:   c.limits,
+		Tokens:   tokens,
+		Logger:   log,
+		Tracer:   tel.Tracer,
+		Meter:    tel.Meter,
+		Metrics:  tel.Metrics,
+	})
+	ln, err := net.Listen("tcp", c.addr)
+	if err != nil {
+		return err
+	}
+	// Headers get 10 s, a body --body-timeout (a read deadline per request); idle keep-alive
+	// connections are closed after --idle-timeout.
+	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: c.idleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(ln) }()
+	log.Info(
+		"serving",
+		"addr",
+		ln.Addr().String(),
+		"store",
+		st.String(),
+		"cache_bytes",
+		c.cache.Bytes,
+		"auth",
+		tokens != nil,
+	)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// Readiness fails at once while the listener still accepts, for --drain-delay; then the
+	// listener closes and streams get the grace period. A second signal ends the drain delay.
+	second, cancelSecond := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancelSecond()
+	stop()
+	if err := srv.Shutdown(second, httpSrv, c.drainDelay, c.grace); err != nil {
+		log.Warn("shutdown", "err", err)
+	}
+	return nil
+}
