@@ -65,7 +65,7 @@ func clientFixture(t *testing.T) *fixture {
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 4096 // many segments: a failure lands after the headers
 	opts.MaxGap = 0
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, MaxBodyBytes: 1 << 20,
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(
 			st,
 			executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},

@@ -39,7 +39,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	srv := server.New(
-		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), MaxBodyBytes: 1 << 20,
+		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), Limits: server.Limits{MaxBodyBytes: 1 << 20},
 			Executor: executor.New(
 				st,
 				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 28, AdmitWait: time.Second},

@@ -24,12 +24,12 @@ import (
 
 func fifoServer(t *testing.T, st store.Store, requestTimeout time.Duration) string {
 	opts := planner.DefaultOptions()
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20},
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
 		Executor: executor.New(
 			st,
 			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
 		),
-		Limits: server.Limits{RequestTimeout: requestTimeout}})
+		Limits: server.Limits{RequestTimeout: requestTimeout, MaxBodyBytes: 1 << 20}})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return ts.URL
