@@ -22,7 +22,9 @@ import (
 
 const chart = "shardsrv"
 
-func helm(t *testing.T, args ...string) string {
+// helmBinary finds helm: the module's .tools/bin, then PATH; the test skips without it unless
+// SHARDSRV_REQUIRE_HELM is set, as 'make test' does.
+func helmBinary(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join("..", ".tools", "bin", "helm")
 	if _, err := os.Stat(bin); err != nil {
@@ -33,8 +35,13 @@ func helm(t *testing.T, args ...string) string {
 			t.Skip("helm not found; 'make test' installs it")
 		}
 	}
+	return bin
+}
+
+func helm(t *testing.T, args ...string) string {
+	t.Helper()
 	var out, errb bytes.Buffer
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(helmBinary(t), args...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("helm %v: %v\n%s%s", args, err, out.String(), errb.String())
@@ -184,10 +191,7 @@ func TestAllOptions(t *testing.T) {
 }
 
 func TestRefusesAShortTerminationGrace(t *testing.T) {
-	bin := filepath.Join("..", ".tools", "bin", "helm")
-	if _, err := os.Stat(bin); err != nil {
-		helm(t, "version") // skips or fails as helm() decides
-	}
+	bin := helmBinary(t)
 	out, err := exec.Command(bin, "template", "rel", chart, "--set", "terminationGracePeriodSeconds=10").
 		CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "terminationGracePeriodSeconds must be longer") {
