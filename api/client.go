@@ -287,7 +287,15 @@ func (c *Client) Files(ctx context.Context, checkpoint string) (*FileList, error
 // and a broken stream is retried without w having to start over.
 func (c *Client) File(ctx context.Context, checkpoint, name string, w io.Writer) (int64, error) {
 	var buf bytes.Buffer
-	if _, err := c.download(ctx, http.MethodGet, filesPath(checkpoint)+"/"+url.PathEscape(name), nil, &buf, func() error { buf.Reset(); return nil }, nil); err != nil {
+	if _, err := c.download(
+		ctx,
+		http.MethodGet,
+		filesPath(checkpoint)+"/"+url.PathEscape(name),
+		nil,
+		&buf,
+		func() error { buf.Reset(); return nil },
+		nil,
+	); err != nil {
 		return 0, err
 	}
 	return buf.WriteTo(w)

@@ -65,7 +65,8 @@ func clientFixture(t *testing.T) *fixture {
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 4096 // many segments: a failure lands after the headers
 	opts.MaxGap = 0
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20},
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
+		Limits: server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(
 			st,
 			executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},
@@ -385,7 +386,8 @@ func TestTensorsFollowsPages(t *testing.T) {
 		case "":
 			w.Write(
 				[]byte(
-					`{"checkpoint": "c", "tensors": [{"name": "a", "dtype": "BF16", "shape": [1], "file": "f"}], "next_page_token": "b"}`,
+					`{"checkpoint": "c", "tensors": [{"name": "a", "dtype": "BF16", "shape": [1], "file": "f"}], ` +
+						`"next_page_token": "b"}`,
 				),
 			)
 		case "b":

@@ -13,7 +13,11 @@ func TestClientPackageHasNoServerDependencies(t *testing.T) {
 		t.Skipf("go list: %v", err)
 	}
 	for _, dep := range strings.Fields(string(out)) {
-		for _, server := range []string{"github.com/go-chi/", "github.com/getkin/kin-openapi", "github.com/oapi-codegen/runtime"} {
+		for _, server := range []string{
+			"github.com/go-chi/",
+			"github.com/getkin/kin-openapi",
+			"github.com/oapi-codegen/runtime",
+		} {
 			if strings.HasPrefix(dep, server) {
 				t.Errorf("api depends on %s", dep)
 			}

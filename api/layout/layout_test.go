@@ -39,7 +39,8 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	srv := server.New(
-		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), Limits: server.Limits{MaxBodyBytes: 1 << 20},
+		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(),
+			Limits: server.Limits{MaxBodyBytes: 1 << 20},
 			Executor: executor.New(
 				st,
 				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 28, AdmitWait: time.Second},
@@ -201,18 +202,18 @@ func TestParallelSplits(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Error("row-parallel rank 1 is not the second half of every row")
 	}
-	if got := f.fetch(t, ok(t)(layout.ColumnParallel(f.shapes, o, "o", api.BF16, layout.Rank{Size: 4, Index: 2}))); !bytes.Equal(
-		got,
-		f.rows(o, 32, 48),
-	) {
+	if got := f.fetch(
+		t,
+		ok(t)(layout.ColumnParallel(f.shapes, o, "o", api.BF16, layout.Rank{Size: 4, Index: 2})),
+	); !bytes.Equal(got, f.rows(o, 32, 48)) {
 		t.Error("column-parallel rank 2 of 4 is not rows [32, 48)")
 	}
 	// vLLM's rule: a vocabulary of 256 (a multiple of 64) over 2 ranks is 128 rows each.
 	emb := "model.embed_tokens.weight"
-	if got := f.fetch(t, ok(t)(layout.VocabParallel(f.shapes, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1}))); !bytes.Equal(
-		got,
-		f.rows(emb, 128, 256),
-	) {
+	if got := f.fetch(
+		t,
+		ok(t)(layout.VocabParallel(f.shapes, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1})),
+	); !bytes.Equal(got, f.rows(emb, 128, 256)) {
 		t.Error("vocab-parallel rank 1 of 2 is not rows [128, 256)")
 	}
 	// Padded to 64, not to 64 x TP: 3 ranks do not divide 256 rows.

@@ -111,7 +111,13 @@ func controlPlaneScenario(r *report) {
 				ck.Tensors[name] = &checkpoint.Tensor{
 					Key: fmt.Sprintf("deepseek/model-%05d.safetensors", l),
 					Tensor: safetensors.Tensor{
-						Name: name, DTypeName: "F8_E4M3", DType: tensor.F8E4M3, Shape: []int64{m.rows, m.cols}, Begin: off, End: off + size},
+						Name:      name,
+						DTypeName: "F8_E4M3",
+						DType:     tensor.F8E4M3,
+						Shape:     []int64{m.rows, m.cols},
+						Begin:     off,
+						End:       off + size,
+					},
 				}
 				off += size
 				blocks = append(

@@ -172,7 +172,8 @@ func startupScenario(r *report, bin string, g *s3test.Gateway, env []string) {
 	got, gets, bytes := measure(func(rank int64) { fetch("http://"+srv.addr+"/v1/shards", llamaRank(rank)) }, proxy)
 	r.add(
 		fmt.Sprintf(
-			"TP=8 startup over S3: all 8 ranks of two Llama-3-8B layers and the embedding (%.2f GiB of BF16), each rank's shard in one request",
+			"TP=8 startup over S3: all 8 ranks of two Llama-3-8B layers and the embedding (%.2f GiB of BF16), "+
+				"each rank's shard in one request",
 			float64(total)/(1<<30),
 		),
 		row{

@@ -122,7 +122,8 @@ func s3Scenarios(r *report, bin, dir string) {
 	readBytes, requests := rangeTotals(proxy.Ranges)
 	perRankLimit := needed/tpRanks/(8<<20) + 3*3
 	r.add(
-		"S3 (versitygw on loopback): all 8 ranks of a TP=8 fused-QKV layout over one Llama-3-8B layer (q 4096×4096, k and v 1024×4096, BF16)",
+		"S3 (versitygw on loopback): all 8 ranks of a TP=8 fused-QKV layout over one Llama-3-8B layer "+
+			"(q 4096×4096, k and v 1024×4096, BF16)",
 		row{
 			"bytes the 8 shards need",
 			fmt.Sprintf("%.1f MiB", float64(needed)/(1<<20)),

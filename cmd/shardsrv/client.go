@@ -301,7 +301,8 @@ logged on stderr; a request the server refuses (4xx) is not. A progress bar show
 Examples:
   shardsrv fetch --server http://localhost:8080 --request rank1.json -o rank1.bin
   shardsrv layout --checkpoint llama-tiny --tp 2 --rank 1 | shardsrv fetch --request - -o - | xxd | head
-  shardsrv fetch --server http://localhost:8080 --checkpoint llama-tiny --layout vllm --tp 2 --rank all --out /models/llama-tiny-tp2
+  shardsrv fetch --server http://localhost:8080 --checkpoint llama-tiny --layout vllm --tp 2 --rank all \
+    --out /models/llama-tiny-tp2
   vllm serve /models/llama-tiny-tp2 --load-format sharded_state --tensor-parallel-size 2
 `
 
@@ -506,7 +507,8 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-const layoutUsage = `Usage: shardsrv layout --checkpoint NAME [--engine vllm] --tp N --rank R [--dp N --dp-rank R --ep] [--dtype DTYPE] [--format json|table]
+const layoutUsage = `Usage: shardsrv layout --checkpoint NAME [--engine vllm] --tp N --rank R
+                       [--dp N --dp-rank R --ep] [--dtype DTYPE] [--format json|table]
 
 Prints the tensors an inference engine holds on one rank, as the server lays them out from the
 checkpoint's config.json (POST /v1/layouts): the engine's parameter names, each tensor of the

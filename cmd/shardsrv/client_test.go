@@ -36,7 +36,8 @@ func live(t *testing.T) (url, folder string) {
 	}
 	st, _ := store.NewLocal(dir)
 	srv := server.New(
-		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(), Limits: server.Limits{MaxBodyBytes: 1 << 20},
+		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(),
+			Limits: server.Limits{MaxBodyBytes: 1 << 20},
 			Executor: executor.New(
 				st,
 				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},
@@ -69,7 +70,11 @@ func readSafetensors(t *testing.T, path string) (map[string]safetensors.Tensor, 
 func TestLayoutCommand(t *testing.T) {
 	url, _ := live(t)
 	var out, errs bytes.Buffer
-	if err := layoutCmd([]string{"--server", url, "--checkpoint", example.Name, "--tp", "2", "--rank", "1", "--dtype", "bf16"}, &out, &errs); err != nil {
+	if err := layoutCmd(
+		[]string{"--server", url, "--checkpoint", example.Name, "--tp", "2", "--rank", "1", "--dtype", "bf16"},
+		&out,
+		&errs,
+	); err != nil {
 		t.Fatalf("%v %s", err, errs.String())
 	}
 	var req api.ShardRequest
@@ -86,7 +91,18 @@ func TestLayoutCommand(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := layoutCmd([]string{"--server", url, "--checkpoint", example.Name, "--tp", "2", "--rank", "1", "--format", "table", "--dtype", "f32"}, &out, &errs); err != nil {
+	if err := layoutCmd(
+		[]string{
+			"--server", url,
+			"--checkpoint", example.Name,
+			"--tp", "2",
+			"--rank", "1",
+			"--format", "table",
+			"--dtype", "f32",
+		},
+		&out,
+		&errs,
+	); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -116,7 +132,11 @@ func TestLayoutCommand(t *testing.T) {
 func TestPlanPicksUnitsBySize(t *testing.T) {
 	url, _ := live(t)
 	var req, out, errs bytes.Buffer
-	if err := layoutCmd([]string{"--server", url, "--checkpoint", example.Name, "--tp", "2", "--rank", "1", "--ep"}, &req, &errs); err != nil {
+	if err := layoutCmd(
+		[]string{"--server", url, "--checkpoint", example.Name, "--tp", "2", "--rank", "1", "--ep"},
+		&req,
+		&errs,
+	); err != nil {
 		t.Fatal(err)
 	}
 	reqFile := filepath.Join(t.TempDir(), "rank1.json")
@@ -134,7 +154,13 @@ func TestPlanPicksUnitsBySize(t *testing.T) {
 }
 
 func TestSizeAndETA(t *testing.T) {
-	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1536: "1.5 KiB", 3 << 20: "3.0 MiB", 5 << 30: "5.0 GiB"} {
+	for n, want := range map[int64]string{
+		0:       "0 B",
+		1023:    "1023 B",
+		1536:    "1.5 KiB",
+		3 << 20: "3.0 MiB",
+		5 << 30: "5.0 GiB",
+	} {
 		if got := size(n); got != want {
 			t.Errorf("size(%d) = %q, want %q", n, got, want)
 		}
@@ -151,7 +177,11 @@ func TestFetchRequestReplacesTheFileOnlyOnSuccess(t *testing.T) {
 	url, _ := live(t)
 	dir := t.TempDir()
 	var req, errs bytes.Buffer
-	if err := layoutCmd([]string{"--server", url, "--checkpoint", example.Name, "--tp", "2", "--rank", "0"}, &req, &errs); err != nil {
+	if err := layoutCmd(
+		[]string{"--server", url, "--checkpoint", example.Name, "--tp", "2", "--rank", "0"},
+		&req,
+		&errs,
+	); err != nil {
 		t.Fatal(err)
 	}
 	good, bad := filepath.Join(dir, "good.json"), filepath.Join(dir, "bad.json")
@@ -283,10 +313,8 @@ func TestFetchLayoutWritesAShardedStateDirectory(t *testing.T) {
 				body = body[n:]
 			}
 			// vLLM pads the 256-row vocabulary to 256 and splits it by 2: rank r holds rows [128r, 128r+128).
-			if emb, want := data["model.embed_tokens.weight"], ckptData["model.embed_tokens.weight"][r*128*64*2:(r+1)*128*64*2]; !bytes.Equal(
-				emb,
-				want,
-			) {
+			if emb, want := data["model.embed_tokens.weight"],
+				ckptData["model.embed_tokens.weight"][r*128*64*2:(r+1)*128*64*2]; !bytes.Equal(emb, want) {
 				t.Errorf("rank %d's embedding is not rows [%d, %d) of the checkpoint's", r, 128*r, 128*r+128)
 			}
 		}

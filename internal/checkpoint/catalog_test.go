@@ -47,7 +47,8 @@ func TestIndexedCheckpoint(t *testing.T) {
 	os.WriteFile(
 		filepath.Join(dir, "m", IndexFile),
 		[]byte(
-			`{"metadata":{"total_size":0},"weight_map":{"embed.weight":"model-00001-of-00002.safetensors","norm.weight":"model-00002-of-00002.safetensors"}}`,
+			`{"metadata":{"total_size":0},"weight_map":{"embed.weight":"model-00001-of-00002.safetensors",`+
+				`"norm.weight":"model-00002-of-00002.safetensors"}}`,
 		),
 		0o644,
 	)

@@ -97,7 +97,11 @@ func TestMegatronLlama(t *testing.T) {
 		for _, part := range []struct {
 			src        string
 			first, end int64
-		}{{"q_proj", rank * 2 * hd, (rank + 1) * 2 * hd}, {"k_proj", rank * hd, (rank + 1) * hd}, {"v_proj", rank * hd, (rank + 1) * hd}} {
+		}{
+			{"q_proj", rank * 2 * hd, (rank + 1) * 2 * hd},
+			{"k_proj", rank * hd, (rank + 1) * hd},
+			{"v_proj", rank * hd, (rank + 1) * hd},
+		} {
 			for row := part.first; row < part.end; row++ {
 				want = append(want, fmt.Sprintf("model.layers.0.self_attn.%s.weight[%d]", part.src, row*hidden))
 			}

@@ -8,7 +8,12 @@ import (
 
 // The reproductions: vLLM pads the vocabulary to a multiple of 64, then divides by TP.
 func TestVLLMVocabularyRows(t *testing.T) {
-	for _, c := range []struct{ vocab, tp, rows int64 }{{128256, 8, 16032}, {32000, 8, 4000}, {1100, 4, 288}, {1100, 8, 144}} {
+	for _, c := range []struct{ vocab, tp, rows int64 }{
+		{128256, 8, 16032},
+		{32000, 8, 4000},
+		{1100, 4, 288},
+		{1100, 8, 144},
+	} {
 		cfg, _ := json.Marshal(map[string]any{"architectures": []string{"LlamaForCausalLM"}, "torch_dtype": "bfloat16",
 			"hidden_size": 8, "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 0, "vocab_size": c.vocab})
 		shapes := map[string][]int64{

@@ -102,7 +102,10 @@ func Generate(dir string) (requests []string, err error) {
 	if err := writeJSON(filepath.Join(ckdir, "model.safetensors.index.json"), index); err != nil {
 		return nil, err
 	}
-	for name, v := range map[string]any{"config.json": Config(), "generation_config.json": map[string]any{"do_sample": false}} {
+	for name, v := range map[string]any{
+		"config.json":            Config(),
+		"generation_config.json": map[string]any{"do_sample": false},
+	} {
 		if err := writeJSON(filepath.Join(ckdir, name), v); err != nil {
 			return nil, err
 		}

@@ -439,8 +439,12 @@ func propertyCase(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatalf("plan: %v\nrequest: %+v", err, req)
 	}
-	stream, err := executor.New(st, executor.Config{Window: 1 + r.IntN(4), MaxRead: opts.MaxRead, MemoryBytes: 1 + r.Int64N(4096), AdmitWait: time.Second}).
-		Stream(context.Background(), plan)
+	stream, err := executor.New(st, executor.Config{
+		Window:      1 + r.IntN(4),
+		MaxRead:     opts.MaxRead,
+		MemoryBytes: 1 + r.Int64N(4096),
+		AdmitWait:   time.Second,
+	}).Stream(context.Background(), plan)
 	if err != nil {
 		t.Fatal(err)
 	}

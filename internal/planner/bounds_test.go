@@ -89,7 +89,8 @@ func TestTransposeReadsItsBytesOnce(t *testing.T) {
 			Base: []int64{0, 0}, Coeff: [][]int64{{0, 1}, {1, 0}}},
 	)
 	s3 := DefaultOptions()
-	s3.MaxGap, s3.MaxRead, s3.SegmentBytes, s3.SegmentReadBytes, s3.MaxOverread, s3.Align = 1<<20, 8<<20, 16<<20, 32<<20, 16, 8<<20
+	s3.MaxGap, s3.MaxRead, s3.SegmentBytes, s3.SegmentReadBytes, s3.MaxOverread, s3.Align =
+		1<<20, 8<<20, 16<<20, 32<<20, 16, 8<<20
 	for name, opts := range map[string]Options{"local": DefaultOptions(), "s3": s3} {
 		p, err := New(req, ck, opts)
 		if err != nil {

@@ -21,10 +21,20 @@ func testCheckpoint() *checkpoint.Checkpoint {
 		name  string
 		dtype tensor.DType
 		shape []int64
-	}{{"a", tensor.F32, []int64{8, 8}}, {"b", tensor.BF16, []int64{4, 4, 4}}, {"s", tensor.I64, nil}, {"w", tensor.BF16, []int64{16, 32}},
+	}{
+		{"a", tensor.F32, []int64{8, 8}},
+		{"b", tensor.BF16, []int64{4, 4, 4}},
+		{"s", tensor.I64, nil},
+		{"w", tensor.BF16, []int64{16, 32}},
 		// Sources of the completions and of packed F4 blocks, after the others so their offsets stay.
-		{"q", tensor.F8E4M3, []int64{8, 8}}, {"qs", tensor.F32, []int64{2, 2}}, {"mb", tensor.U8, []int64{4, 2, 16}},
-		{"ms", tensor.U8, []int64{4, 2}}, {"f4", tensor.F4, []int64{8, 8}}, {"la", tensor.BF16, []int64{2, 8}}, {"lb", tensor.BF16, []int64{8, 2}}} {
+		{"q", tensor.F8E4M3, []int64{8, 8}},
+		{"qs", tensor.F32, []int64{2, 2}},
+		{"mb", tensor.U8, []int64{4, 2, 16}},
+		{"ms", tensor.U8, []int64{4, 2}},
+		{"f4", tensor.F4, []int64{8, 8}},
+		{"la", tensor.BF16, []int64{2, 8}},
+		{"lb", tensor.BF16, []int64{8, 2}},
+	} {
 		n := int64(t.dtype.Size())
 		for _, d := range t.shape {
 			n *= d
@@ -120,17 +130,29 @@ func (m multi) Slice(off, n int64) []byte {
 }
 
 var fuzzSeeds = []string{
-	`{"checkpoint":"ck","tensors":[{"name":"f","dtype":"F32","shape":[8,4],"boxes":[{"offsets":[0,0],"lengths":[8,4]}],"blocks":[{"offsets":[0,0],"lengths":[8,4],"source":"f4","base":[0,1],"coeff":[[1,0],[0,2]]}]}]}`,
-	`{"checkpoint":"ck","tensors":[{"name":"d","dtype":"BF16","shape":[8,8],"boxes":[{"offsets":[2,1],"lengths":[5,6]}],"deferred":{"op":"fp8_block_dequant","sources":["q","qs"],"params":{"block":[4,4]}}}]}`,
-	`{"checkpoint":"ck","tensors":[{"name":"m","dtype":"F32","shape":[4,64],"boxes":[{"offsets":[1,8],"lengths":[2,40]}],"deferred":{"op":"mxfp4_dequant","sources":["mb","ms"]}}]}`,
-	`{"checkpoint":"ck","tensors":[{"name":"l","dtype":"F32","shape":[8,8],"boxes":[{"offsets":[3,0],"lengths":[4,8]}],"deferred":{"op":"lora_merge","sources":["a","la","lb"],"params":{"alpha":2}}}]}`,
-	`{"checkpoint":"ck","tensors":[{"name":"t","dtype":"F32","shape":[8,8],"boxes":[{"offsets":[2,0],"lengths":[3,8]}],"blocks":[{"offsets":[0,0],"lengths":[8,8],"source":"a","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
-	`{"checkpoint":"ck","format":"safetensors","tensors":[{"name":"t","dtype":"BF16","shape":[4,4],"fill":1.5,"boxes":[{"offsets":[0,0],"lengths":[4,4]},{"offsets":[1,1],"lengths":[2,2]}],"blocks":[{"offsets":[0,0],"lengths":[2,4],"source":"b","base":[1,0,0],"coeff":[[0,0],[1,0],[0,1]],"post":[{"op":"mul","value":2}]}]}]}`,
-	`{"checkpoint":"ck","tensors":[{"name":"s","dtype":"F64","shape":[],"boxes":[{"offsets":[],"lengths":[]}],"blocks":[{"offsets":[],"lengths":[],"source":"s","base":[],"coeff":[]}]}]}`,
-	`{"checkpoint":"ck","tensors":[{"name":"r","dtype":"F32","shape":[2,16],"boxes":[{"offsets":[0,0],"lengths":[2,16]}],"blocks":[{"offsets":[0,0],"lengths":[2,16],"source":"a","base":[0,0],"coeff":[[2,0],[0,0]]}]}]}`,
-	`{"checkpoint":"ck","tensors":[{"name":"w","dtype":"F32","shape":[4,2,8],"boxes":[{"offsets":[1,0,0],"lengths":[3,2,8]}],"blocks":[{"offsets":[0,0,0],"lengths":[4,2,8],"source":"a","base":[0,0],"coeff":[[2,1,0],[0,0,1]]}]}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"f","dtype":"F32","shape":[8,4],"boxes":[{"offsets":[0,0],"lengths":[8,4]}],` +
+		`"blocks":[{"offsets":[0,0],"lengths":[8,4],"source":"f4","base":[0,1],"coeff":[[1,0],[0,2]]}]}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"d","dtype":"BF16","shape":[8,8],"boxes":[{"offsets":[2,1],"lengths":[5,6]}],` +
+		`"deferred":{"op":"fp8_block_dequant","sources":["q","qs"],"params":{"block":[4,4]}}}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"m","dtype":"F32","shape":[4,64],"boxes":[{"offsets":[1,8],` +
+		`"lengths":[2,40]}],"deferred":{"op":"mxfp4_dequant","sources":["mb","ms"]}}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"l","dtype":"F32","shape":[8,8],"boxes":[{"offsets":[3,0],"lengths":[4,8]}],` +
+		`"deferred":{"op":"lora_merge","sources":["a","la","lb"],"params":{"alpha":2}}}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"t","dtype":"F32","shape":[8,8],"boxes":[{"offsets":[2,0],"lengths":[3,8]}],` +
+		`"blocks":[{"offsets":[0,0],"lengths":[8,8],"source":"a","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
+	`{"checkpoint":"ck","format":"safetensors","tensors":[{"name":"t","dtype":"BF16","shape":[4,4],"fill":1.5,` +
+		`"boxes":[{"offsets":[0,0],"lengths":[4,4]},{"offsets":[1,1],"lengths":[2,2]}],"blocks":[{"offsets":[0,0],` +
+		`"lengths":[2,4],"source":"b","base":[1,0,0],"coeff":[[0,0],[1,0],[0,1]],"post":[{"op":"mul","value":2}]}]}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"s","dtype":"F64","shape":[],"boxes":[{"offsets":[],"lengths":[]}],` +
+		`"blocks":[{"offsets":[],"lengths":[],"source":"s","base":[],"coeff":[]}]}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"r","dtype":"F32","shape":[2,16],"boxes":[{"offsets":[0,0],` +
+		`"lengths":[2,16]}],"blocks":[{"offsets":[0,0],"lengths":[2,16],"source":"a","base":[0,0],"coeff":[[2,0],[0,0]]}]}]}`,
+	`{"checkpoint":"ck","tensors":[{"name":"w","dtype":"F32","shape":[4,2,8],"boxes":[{"offsets":[1,0,0],` +
+		`"lengths":[3,2,8]}],"blocks":[{"offsets":[0,0,0],"lengths":[4,2,8],"source":"a","base":[0,0],` +
+		`"coeff":[[2,1,0],[0,0,1]]}]}]}`,
 	// a transpose of w, whole and a box inside it (issue 15: read amplification)
-	`{"checkpoint":"ck","tensors":[{"name":"tt","dtype":"BF16","shape":[32,16],"boxes":[{"offsets":[0,0],"lengths":[32,16]},{"offsets":[3,2],"lengths":[20,9]}],` +
+	`{"checkpoint":"ck","tensors":[{"name":"tt","dtype":"BF16","shape":[32,16],"boxes":[{"offsets":[0,0],` +
+		`"lengths":[32,16]},{"offsets":[3,2],"lengths":[20,9]}],` +
 		`"blocks":[{"offsets":[0,0],"lengths":[32,16],"source":"w","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
 	manyBlocksSeed(),
 }
@@ -407,7 +429,8 @@ func TestFP8DequantRankReadsItsEighth(t *testing.T) {
 	ck := &checkpoint.Checkpoint{Name: "ds", Tensors: map[string]*checkpoint.Tensor{"w": w, "s": s}}
 	// S3's cost model without the cache (whose 8 MiB chunks a single cold rank would round to).
 	opts := DefaultOptions()
-	opts.MaxGap, opts.MaxRead, opts.SegmentBytes, opts.SegmentReadBytes, opts.MaxOverread = 1<<20, 8<<20, 16<<20, 32<<20, 16
+	opts.MaxGap, opts.MaxRead, opts.SegmentBytes, opts.SegmentReadBytes, opts.MaxOverread =
+		1<<20, 8<<20, 16<<20, 32<<20, 16
 	for rank := range int64(8) {
 		req := api.ShardRequest{
 			Checkpoint: "ds",

@@ -411,7 +411,14 @@ func TestE8M0SourcesInBlocks(t *testing.T) {
 				t.Errorf("scale %d: %v, want %v", s, got[i], want)
 			}
 		}
-		if res := h.do("POST", "/v1/shards", shardReq("mx", api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)})); res.status != 200 ||
+		if res := h.do(
+			"POST",
+			"/v1/shards",
+			shardReq(
+				"mx",
+				api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)},
+			),
+		); res.status != 200 ||
 			string(res.body) != string(scales) {
 			t.Errorf("an F8_E8M0 copy: %d %x", res.status, res.body)
 		}
@@ -421,7 +428,14 @@ func TestE8M0SourcesInBlocks(t *testing.T) {
 			"f",
 			safetensors.TensorData{Name: "s", DType: "F32", Shape: []int64{6}, Data: make([]byte, 24)},
 		)
-		if res := h.do("POST", "/v1/plan", shardReq("f", api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)})); res.status != 422 {
+		if res := h.do(
+			"POST",
+			"/v1/plan",
+			shardReq(
+				"f",
+				api.TensorRequest{Name: "x", Dtype: api.F8E8M0, Shape: []int64{6}, Boxes: whole(6), Blocks: block(nil)},
+			),
+		); res.status != 422 {
 			t.Errorf("F32 to F8_E8M0 must be refused: %d %s", res.status, res.body)
 		}
 	})
@@ -498,7 +512,14 @@ func TestF4SourcesInBlocks(t *testing.T) {
 		if got := readF32(res.body); res.status != 200 || !slices.Equal(got, want) {
 			t.Errorf("box: %d %v, want %v", res.status, got, want)
 		}
-		if res := h.do("POST", "/v1/plan", shardReq("f4", api.TensorRequest{Name: "c", Dtype: "F4", Shape: []int64{3, 4}, Boxes: whole(3, 4), Blocks: copyOf("q", 3, 4)})); res.status != 400 {
+		if res := h.do(
+			"POST",
+			"/v1/plan",
+			shardReq(
+				"f4",
+				api.TensorRequest{Name: "c", Dtype: "F4", Shape: []int64{3, 4}, Boxes: whole(3, 4), Blocks: copyOf("q", 3, 4)},
+			),
+		); res.status != 400 {
 			t.Errorf("F4 is never written: %d", res.status)
 		}
 	})

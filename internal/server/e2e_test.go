@@ -189,13 +189,15 @@ func TestInvalidRequestsAreProblems(t *testing.T) {
 			{"unknown field", `{"checkpoint":"m","tensors":[],"extra":1}`, 400, "/extra"},
 			{
 				"nested unknown field",
-				`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1],"x":1}]}]}`,
+				`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1],` +
+					`"x":1}]}]}`,
 				400,
 				"/tensors/0/boxes/0/x",
 			},
 			{
 				"tensors and layout",
-				`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1]}]}],"layout":{"engine":"vllm"}}`,
+				`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1]}]}],` +
+					`"layout":{"engine":"vllm"}}`,
 				400,
 				"/layout",
 			},
@@ -368,7 +370,8 @@ func TestInvalidRequestsAreProblems(t *testing.T) {
 						t.Errorf("%s: the problem leaks a Go type or counts nothing: %s", path, body)
 					}
 					if c.pointer != "" &&
-						(res.problem.Errors == nil || !slices.ContainsFunc(*res.problem.Errors, func(e api.FieldError) bool { return e.Pointer == c.pointer })) {
+						(res.problem.Errors == nil ||
+							!slices.ContainsFunc(*res.problem.Errors, func(e api.FieldError) bool { return e.Pointer == c.pointer })) {
 						t.Errorf("%s: errors %s, want pointer %s", path, res.body, c.pointer)
 					}
 				}
@@ -393,7 +396,14 @@ func TestListingEndpoints(t *testing.T) {
 			!slices.Equal(ts.Tensors[0].Shape, []int64{4, 3}) {
 			t.Errorf("tensors %+v", ts)
 		}
-		for path, status := range map[string]int{"/v1/tensors?checkpoint=nope": 404, "/v1/tensors": 400, "/v1/tensors?checkpoint=../x": 400, "/healthz": 200, "/readyz": 200, "/nope": 404} {
+		for path, status := range map[string]int{
+			"/v1/tensors?checkpoint=nope": 404,
+			"/v1/tensors":                 400,
+			"/v1/tensors?checkpoint=../x": 400,
+			"/healthz":                    200,
+			"/readyz":                     200,
+			"/nope":                       404,
+		} {
 			if res := h.do("GET", path, nil); res.status != status {
 				t.Errorf("GET %s: %d %s, want %d", path, res.status, res.body, status)
 			}

@@ -176,7 +176,9 @@ func (e *fuzzEnv) check(t *testing.T, path string, body []byte) {
 		t.Fatalf("POST %s: 200 with Content-Length %d and a body of %d bytes", path, res.ContentLength, len(got))
 	case path == "/v1/shards" && res.ContentLength > fuzzMaxOutput:
 		t.Fatalf("POST %s: 200 of %d bytes, over --max-output-bytes %d", path, res.ContentLength, fuzzMaxOutput)
-	case path == "/v1/plan" && (res.ContentLength >= 0 && res.ContentLength != int64(len(got)) || !json.Valid(got) || !strings.HasPrefix(ct, "application/json")):
+	case path == "/v1/plan" && (res.ContentLength >= 0 && res.ContentLength != int64(len(got)) ||
+		!json.Valid(got) ||
+		!strings.HasPrefix(ct, "application/json")):
 		t.Fatalf(
 			"POST %s: 200 (%q, Content-Length %d) with %d bytes that are not one JSON plan",
 			path,
@@ -226,8 +228,10 @@ func fuzzSeeds() map[string][]byte {
  "boxes":[{"offsets":[1,1],"lengths":[2,2]},{"offsets":[3,0],"lengths":[1,3]}],
  "blocks":[{"offsets":[0,0],"lengths":[4,3],"source":"a","base":[0,0],"coeff":`+id2+`}]}]}`)
 	add("valid-safetensors-scalar", `{"checkpoint":"m","format":"safetensors","tensors":[
- {"name":"step","dtype":"F64","shape":[],"boxes":[{"offsets":[],"lengths":[]}],"blocks":[{"offsets":[],"lengths":[],"source":"step","base":[],"coeff":[]}]},
- {"name":"n","dtype":"BF16","shape":[3],"boxes":[{"offsets":[0],"lengths":[3]}],"blocks":[{"offsets":[0],"lengths":[3],"source":"n","base":[0],"coeff":[[1]]}]},
+ {"name":"step","dtype":"F64","shape":[],"boxes":[{"offsets":[],"lengths":[]}],"blocks":[{"offsets":[],"lengths":[],`+
+		`"source":"step","base":[],"coeff":[]}]},
+ {"name":"n","dtype":"BF16","shape":[3],"boxes":[{"offsets":[0],"lengths":[3]}],"blocks":[{"offsets":[0],`+
+		`"lengths":[3],"source":"n","base":[0],"coeff":[[1]]}]},
  {"name":"a","dtype":"F32","shape":[4,3],"boxes":[{"offsets":[0,0],"lengths":[1,3]},{"offsets":[2,0],"lengths":[2,3]}],
   "blocks":[{"offsets":[0,0],"lengths":[4,3],"source":"a","base":[0,0],"coeff":`+id2+`}]}]}`)
 	add(
@@ -242,7 +246,8 @@ func fuzzSeeds() map[string][]byte {
 	)
 	add(
 		"valid-transpose-big",
-		`{"checkpoint":"m","tensors":[{"name":"bigT","dtype":"BF16","shape":[512,256],"boxes":[{"offsets":[0,0],"lengths":[512,256]}],
+		`{"checkpoint":"m","tensors":[{"name":"bigT","dtype":"BF16","shape":[512,256],"boxes":[{"offsets":[0,0],`+
+			`"lengths":[512,256]}],
  "blocks":[{"offsets":[0,0],"lengths":[512,256],"source":"big","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
 	)
 	add(
@@ -252,28 +257,34 @@ func fuzzSeeds() map[string][]byte {
 	)
 	add(
 		"valid-reshape",
-		`{"checkpoint":"m","tensors":[{"name":"r","dtype":"F32","shape":[2,2,3],"boxes":[{"offsets":[0,0,0],"lengths":[2,2,3]}],
+		`{"checkpoint":"m","tensors":[{"name":"r","dtype":"F32","shape":[2,2,3],"boxes":[{"offsets":[0,0,0],`+
+			`"lengths":[2,2,3]}],
  "blocks":[{"offsets":[0,0,0],"lengths":[2,2,3],"source":"a","base":[0,0],"coeff":[[2,1,0],[0,0,1]]}]}]}`,
 	)
 	add(
 		"valid-fill",
-		`{"checkpoint":"m","tensors":[{"name":"padded","dtype":"F32","shape":[6],"boxes":[{"offsets":[0],"lengths":[6]}],"fill":-1,
+		`{"checkpoint":"m","tensors":[{"name":"padded","dtype":"F32","shape":[6],"boxes":[{"offsets":[0],"lengths":[6]}],`+
+			`"fill":-1,
  "blocks":[{"offsets":[1],"lengths":[3],"source":"n","base":[0],"coeff":[[1]]}]}]}`,
 	)
 	add(
 		"valid-fill-i64",
-		`{"checkpoint":"m","tensors":[{"name":"ids","dtype":"I64","shape":[4],"boxes":[{"offsets":[0],"lengths":[4]}],"fill":9007199254740993,
+		`{"checkpoint":"m","tensors":[{"name":"ids","dtype":"I64","shape":[4],"boxes":[{"offsets":[0],"lengths":[4]}],`+
+			`"fill":9007199254740993,
  "blocks":[{"offsets":[3],"lengths":[1],"source":"step","base":[],"coeff":[]}]}]}`,
 	)
 	add(
 		"valid-fill-only",
-		`{"checkpoint":"m","tensors":[{"name":"z","dtype":"U64","shape":[2,2],"boxes":[{"offsets":[0,0],"lengths":[2,2]}],"fill":18446744073709551615,"blocks":[]}]}`,
+		`{"checkpoint":"m","tensors":[{"name":"z","dtype":"U64","shape":[2,2],"boxes":[{"offsets":[0,0],"lengths":[2,2]}],`+
+			`"fill":18446744073709551615,"blocks":[]}]}`,
 	)
 	add(
 		"valid-post-ops",
 		`{"checkpoint":"m","tensors":[{"name":"p","dtype":"BF16","shape":[4,3],"boxes":[{"offsets":[0,0],"lengths":[4,3]}],
- "blocks":[{"offsets":[0,0],"lengths":[2,3],"source":"a","base":[0,0],"coeff":`+id2+`,"post":[{"op":"neg"},{"op":"mul","value":0.5},{"op":"add","value":3}]},
-  {"offsets":[2,0],"lengths":[2,3],"source":"a","base":[2,0],"coeff":`+id2+`,"post":[{"op":"cast","dtype":"BF16"},{"op":"exp"}]}]}]}`,
+ "blocks":[{"offsets":[0,0],"lengths":[2,3],"source":"a","base":[0,0],"coeff":`+id2+`,"post":[{"op":"neg"},`+
+			`{"op":"mul","value":0.5},{"op":"add","value":3}]},
+  {"offsets":[2,0],"lengths":[2,3],"source":"a","base":[2,0],"coeff":`+id2+`,"post":[{"op":"cast","dtype":"BF16"},`+
+			`{"op":"exp"}]}]}]}`,
 	)
 	add(
 		"valid-e8m0",
@@ -287,20 +298,23 @@ func fuzzSeeds() map[string][]byte {
 	)
 	add(
 		"valid-fp8-dequant",
-		`{"checkpoint":"m","tensors":[{"name":"w","dtype":"BF16","shape":[8,8],"boxes":[{"offsets":[2,1],"lengths":[4,4]},{"offsets":[0,0],"lengths":[8,8]}],
+		`{"checkpoint":"m","tensors":[{"name":"w","dtype":"BF16","shape":[8,8],"boxes":[{"offsets":[2,1],"lengths":[4,4]},`+
+			`{"offsets":[0,0],"lengths":[8,8]}],
  "deferred":{"op":"fp8_block_dequant","sources":["w8","s8"],"params":{"block":[4,4]}}}]}`,
 	)
 	add(
 		"valid-fp8-block-read",
 		`{"checkpoint":"m","tensors":[{"name":"w","dtype":"F32","shape":[8,8],"boxes":[{"offsets":[0,0],"lengths":[8,8]}],
- "blocks":[{"offsets":[0,0],"lengths":[8,8],"source":"w8","base":[0,0],"coeff":`+id2+`,"post":[{"op":"mul","value":0.25}]}]}]}`,
+ "blocks":[{"offsets":[0,0],"lengths":[8,8],"source":"w8","base":[0,0],"coeff":`+id2+`,"post":[{"op":"mul",`+
+			`"value":0.25}]}]}]}`,
 	)
 	add("valid-mxfp4", `{"checkpoint":"m","format":"safetensors","tensors":[{"name":"x","dtype":"BF16","shape":[2,32,3],
  "boxes":[{"offsets":[0,0,0],"lengths":[2,32,3]},{"offsets":[1,30,1],"lengths":[1,2,2]}],
  "deferred":{"op":"mxfp4_dequant","sources":["blk","scl"]}}]}`)
 	add(
 		"valid-lora",
-		`{"checkpoint":"m","tensors":[{"name":"merged","dtype":"F32","shape":[4,6],"boxes":[{"offsets":[1,2],"lengths":[3,3]}],
+		`{"checkpoint":"m","tensors":[{"name":"merged","dtype":"F32","shape":[4,6],"boxes":[{"offsets":[1,2],`+
+			`"lengths":[3,3]}],
  "deferred":{"op":"lora_merge","sources":["W","A","B"],"params":{"alpha":4,"rank":2}}}]}`,
 	)
 	add(
@@ -326,7 +340,8 @@ func fuzzSeeds() map[string][]byte {
 		"mut-huge-shape",
 		`{"checkpoint":"m","tensors":[{"name":"h","dtype":"F32","shape":[9223372036854775807,9223372036854775807],
  "boxes":[{"offsets":[0,0],"lengths":[9223372036854775807,9223372036854775807]}],
- "blocks":[{"offsets":[0,0],"lengths":[9223372036854775807,9223372036854775807],"source":"a","base":[0,0],"coeff":[[0,0],[0,0]]}]}]}`,
+ "blocks":[{"offsets":[0,0],"lengths":[9223372036854775807,9223372036854775807],"source":"a","base":[0,0],`+
+			`"coeff":[[0,0],[0,0]]}]}]}`,
 	)
 	add("mut-broadcast-2^42", `{"checkpoint":"m","tensors":[{"name":"b","dtype":"BF16","shape":[4398046511104],
  "boxes":[{"offsets":[0],"lengths":[4398046511104]}],
@@ -338,34 +353,42 @@ func fuzzSeeds() map[string][]byte {
  "boxes":[{"offsets":[`+strings.Repeat("0,", 63)+`0],"lengths":[`+strings.Repeat("2,", 63)+`2]}],"fill":0}]}`)
 	add(
 		"mut-layout-huge-tp",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":1099511627776,"tp_rank":-1,"data_parallel_size":0}}`,
+		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":1099511627776,"tp_rank":-1,`+
+			`"data_parallel_size":0}}`,
 	)
 	add(
 		"mut-numbers-out-of-range",
-		`{"checkpoint":"m","tensors":[{"name":"o","dtype":"I64","shape":[1e999],"boxes":[{"offsets":[-9223372036854775809],"lengths":[18446744073709551616]}],"fill":1e400}]}`,
+		`{"checkpoint":"m","tensors":[{"name":"o","dtype":"I64","shape":[1e999],"boxes":[{"offsets":[-9223372036854775809],`+
+			`"lengths":[18446744073709551616]}],"fill":1e400}]}`,
 	)
 	add(
 		"mut-fill-overflow",
-		`{"checkpoint":"m","tensors":[{"name":"o","dtype":"I8","shape":[2],"boxes":[{"offsets":[0],"lengths":[2]}],"fill":-129,"blocks":[]}]}`,
+		`{"checkpoint":"m","tensors":[{"name":"o","dtype":"I8","shape":[2],"boxes":[{"offsets":[0],"lengths":[2]}],`+
+			`"fill":-129,"blocks":[]}]}`,
 	)
 	add(
 		"mut-fill-float-into-int",
-		`{"checkpoint":"m","tensors":[{"name":"o","dtype":"U64","shape":[2],"boxes":[{"offsets":[0],"lengths":[2]}],"fill":1.5e-400}]}`,
+		`{"checkpoint":"m","tensors":[{"name":"o","dtype":"U64","shape":[2],"boxes":[{"offsets":[0],"lengths":[2]}],`+
+			`"fill":1.5e-400}]}`,
 	)
 	add(
 		"mut-post-nan-value",
 		`{"checkpoint":"m","tensors":[{"name":"p","dtype":"F32","shape":[3],"boxes":[{"offsets":[0],"lengths":[3]}],
- "blocks":[{"offsets":[0],"lengths":[3],"source":"n","base":[0],"coeff":[[1]],"post":[{"op":"mul","value":1e308},{"op":"mul","value":1e308},{"op":"cast","dtype":"F8_E4M3"},{"op":"cast","dtype":"F4"}]}]}]}`,
+ "blocks":[{"offsets":[0],"lengths":[3],"source":"n","base":[0],"coeff":[[1]],"post":[{"op":"mul","value":1e308},`+
+			`{"op":"mul","value":1e308},{"op":"cast","dtype":"F8_E4M3"},{"op":"cast","dtype":"F4"}]}]}]}`,
 	)
 	add(
 		"mut-negative-and-overflowing-offsets",
-		`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[4,3],"boxes":[{"offsets":[-1,9223372036854775807],"lengths":[2,2]}],
- "blocks":[{"offsets":[9223372036854775806,0],"lengths":[4,3],"source":"a","base":[-5,9223372036854775807],"coeff":[[9223372036854775807,0],[0,-1]]}]}]}`,
+		`{"checkpoint":"m","tensors":[{"name":"a","dtype":"F32","shape":[4,3],"boxes":[{"offsets":[-1,9223372036854775807],`+
+			`"lengths":[2,2]}],
+ "blocks":[{"offsets":[9223372036854775806,0],"lengths":[4,3],"source":"a","base":[-5,9223372036854775807],`+
+			`"coeff":[[9223372036854775807,0],[0,-1]]}]}]}`,
 	)
 	add(
 		"mut-duplicate-keys",
 		`{"checkpoint":"m","checkpoint":"llama-tiny","tensors":[{"name":"a","NAME":"b","dtype":"F32","shape":[4,3],
- "boxes":[{"offsets":[0,0],"lengths":[4,3]}],"blocks":[{"offsets":[0,0],"lengths":[4,3],"source":"a","base":[0,0],"coeff":`+id2+`}]}]}`,
+ "boxes":[{"offsets":[0,0],"lengths":[4,3]}],"blocks":[{"offsets":[0,0],"lengths":[4,3],"source":"a","base":[0,0],`+
+			`"coeff":`+id2+`}]}]}`,
 	)
 	add(
 		"mut-deep-nesting-array",
@@ -378,28 +401,35 @@ func fuzzSeeds() map[string][]byte {
 	add("mut-unclosed-nesting", `{"checkpoint":"m","tensors":[{"name":"a","shape":`+strings.Repeat("[", 100000))
 	add(
 		"mut-null-everywhere",
-		`{"checkpoint":"m","format":null,"layout":null,"tensors":[{"name":null,"dtype":null,"shape":null,"boxes":null,"blocks":[null],"fill":null,"deferred":null}]}`,
+		`{"checkpoint":"m","format":null,"layout":null,"tensors":[{"name":null,"dtype":null,"shape":null,"boxes":null,`+
+			`"blocks":[null],"fill":null,"deferred":null}]}`,
 	)
 	add(
 		"mut-table-and-layout",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm"},"tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1]}],"fill":0}]}`,
+		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm"},"tensors":[{"name":"a","dtype":"F32","shape":[1],`+
+			`"boxes":[{"offsets":[0],"lengths":[1]}],"fill":0}]}`,
 	)
 	add(
 		"mut-non-utf8-names",
-		"{\"checkpoint\":\"m\\udc00\xff\",\"tensors\":[{\"name\":\"\xc3\x28\",\"dtype\":\"F32\",\"shape\":[1],\"boxes\":[{\"offsets\":[0],\"lengths\":[1]}],\"blocks\":[{\"offsets\":[0],\"lengths\":[1],\"source\":\"a\xfe\",\"base\":[0,0],\"coeff\":[[1],[0]]}]}]}",
+		"{\"checkpoint\":\"m\\udc00\xff\",\"tensors\":[{\"name\":\"\xc3\x28\",\"dtype\":\"F32\",\"shape\":[1],"+
+			"\"boxes\":[{\"offsets\":[0],\"lengths\":[1]}],"+
+			"\"blocks\":[{\"offsets\":[0],\"lengths\":[1],\"source\":\"a\xfe\",\"base\":[0,0],\"coeff\":[[1],[0]]}]}]}",
 	)
 	add(
 		"mut-path-escape",
-		`{"checkpoint":"../../../etc","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],"lengths":[1]}],"fill":0}]}`,
+		`{"checkpoint":"../../../etc","tensors":[{"name":"a","dtype":"F32","shape":[1],"boxes":[{"offsets":[0],`+
+			`"lengths":[1]}],"fill":0}]}`,
 	)
 	add(
 		"mut-deferred-huge-block",
 		`{"checkpoint":"m","tensors":[{"name":"w","dtype":"BF16","shape":[8,8],"boxes":[{"offsets":[0,0],"lengths":[8,8]}],
- "deferred":{"op":"fp8_block_dequant","sources":["w8","s8"],"params":{"block":[9223372036854775807,1],"alpha":-1e308,"rank":0}}}]}`,
+ "deferred":{"op":"fp8_block_dequant","sources":["w8","s8"],"params":{"block":[9223372036854775807,1],"alpha":-1e308,`+
+			`"rank":0}}}]}`,
 	)
 	add(
 		"mut-lora-rank-zero",
-		`{"checkpoint":"m","tensors":[{"name":"merged","dtype":"F32","shape":[4,6],"boxes":[{"offsets":[0,0],"lengths":[4,6]}],
+		`{"checkpoint":"m","tensors":[{"name":"merged","dtype":"F32","shape":[4,6],"boxes":[{"offsets":[0,0],`+
+			`"lengths":[4,6]}],
  "deferred":{"op":"lora_merge","sources":["W","A","B"],"params":{"alpha":1e308,"rank":0}}}]}`,
 	)
 	var boxes, blocks strings.Builder
@@ -437,7 +467,11 @@ func writeFuzzSeeds(f *testing.F) {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		if err := os.WriteFile(filepath.Join(dir, n), fmt.Appendf(nil, "go test fuzz v1\n[]byte(%q)\n", seeds[n]), 0o644); err != nil {
+		if err := os.WriteFile(
+			filepath.Join(dir, n),
+			fmt.Appendf(nil, "go test fuzz v1\n[]byte(%q)\n", seeds[n]),
+			0o644,
+		); err != nil {
 			f.Fatal(err)
 		}
 	}

@@ -117,7 +117,8 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 	e, _, _ := tokenServer(t, "alpha-token\n")
 	for header, want := range map[string]int{
 		"Bearer alpha-token": 200, "bearer alpha-token": 200, "BEARER alpha-token": 200, "bEaReR   alpha-token": 200,
-		"Bearer ALPHA-TOKEN": 401, "Bearer": 401, "Bearer ": 401, "Bearerx alpha-token": 401, "Basic alpha-token": 401, "alpha-token": 401,
+		"Bearer ALPHA-TOKEN": 401, "Bearer": 401, "Bearer ": 401, "Bearerx alpha-token": 401,
+		"Basic alpha-token": 401, "alpha-token": 401,
 	} {
 		if got := e.status(t, header); got != want {
 			t.Errorf("Authorization %q: %d, want %d", header, got, want)

@@ -44,7 +44,8 @@ func TestFillIsExactForEveryInteger(t *testing.T) {
 		{"BOOL", "2", 0, 422},
 	} {
 		body := fmt.Sprintf(
-			`{"checkpoint":"m","tensors":[{"name":"x","dtype":%q,"shape":[3],"boxes":[{"offsets":[0],"lengths":[3]}],"fill":%s}]}`,
+			`{"checkpoint":"m","tensors":[{"name":"x","dtype":%q,"shape":[3],"boxes":[{"offsets":[0],"lengths":[3]}],`+
+				`"fill":%s}]}`,
 			c.dtype,
 			c.literal,
 		)

@@ -40,7 +40,8 @@ func sparseCheckpoint(t *testing.T, dir string) {
 	t.Helper()
 	const wBytes = 16384 * 8192 * 2
 	header := fmt.Sprintf(
-		`{"w":{"dtype":"BF16","shape":[16384,8192],"data_offsets":[0,%d]},"n":{"dtype":"BF16","shape":[1],"data_offsets":[%d,%d]}}`,
+		`{"w":{"dtype":"BF16","shape":[16384,8192],"data_offsets":[0,%d]},"n":{"dtype":"BF16","shape":[1],`+
+			`"data_offsets":[%d,%d]}}`,
 		wBytes,
 		wBytes,
 		wBytes+2,
@@ -150,7 +151,8 @@ func manyColumnBlocks(n int) []byte {
 	var b bytes.Buffer
 	fmt.Fprintf(
 		&b,
-		`{"checkpoint":"big","tensors":[{"name":"cols","dtype":"BF16","shape":[2,%d],"boxes":[{"offsets":[0,0],"lengths":[2,%d]}],"blocks":[`,
+		`{"checkpoint":"big","tensors":[{"name":"cols","dtype":"BF16","shape":[2,%d],"boxes":[{"offsets":[0,0],`+
+			`"lengths":[2,%d]}],"blocks":[`,
 		n,
 		n,
 	)
@@ -198,11 +200,13 @@ func TestConcurrentHugePlansKeepVmHWMUnderBudget(t *testing.T) {
 		t.Fatalf("the many-block table is %d bytes, not near the %d-byte body limit", len(blocks), memMaxBody)
 	}
 	broadcast := []byte(
-		`{"checkpoint":"big","tensors":[{"name":"b","dtype":"BF16","shape":[549755813888],"boxes":[{"offsets":[0],"lengths":[549755813888]}],
+		`{"checkpoint":"big","tensors":[{"name":"b","dtype":"BF16","shape":[549755813888],"boxes":[{"offsets":[0],` +
+			`"lengths":[549755813888]}],
 		"blocks":[{"offsets":[0],"lengths":[549755813888],"source":"n","base":[0],"coeff":[[0]]}]}]}`,
 	)
 	transpose := []byte(
-		`{"checkpoint":"big","tensors":[{"name":"wT","dtype":"BF16","shape":[8192,16384],"boxes":[{"offsets":[0,0],"lengths":[8192,16384]}],
+		`{"checkpoint":"big","tensors":[{"name":"wT","dtype":"BF16","shape":[8192,16384],"boxes":[{"offsets":[0,0],` +
+			`"lengths":[8192,16384]}],
 		"blocks":[{"offsets":[0,0],"lengths":[8192,16384],"source":"w","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
 	)
 	type shot struct {

@@ -141,15 +141,19 @@ func TestContentTypeAndEncoding(t *testing.T) {
 	e := opsServer(t, nil) // MaxBodyBytes 1 MiB
 	good, _ := json.Marshal(e.req)
 	for ct, want := range map[string]int{
-		"application/json": 200, "application/json; charset=utf-8": 200, "Application/JSON": 200, "application/vnd.shardsrv+json": 200, "": 200,
-		"application/x-www-form-urlencoded": 415, "text/plain": 415, "application/json; charset=latin1": 415, "application/octet-stream": 415, "json": 415,
+		"application/json": 200, "application/json; charset=utf-8": 200, "Application/JSON": 200,
+		"application/vnd.shardsrv+json": 200, "": 200,
+		"application/x-www-form-urlencoded": 415, "text/plain": 415, "application/json; charset=latin1": 415,
+		"application/octet-stream": 415, "json": 415,
 	} {
 		var header []string
 		if ct != "" {
 			header = []string{"Content-Type", ct}
 		}
 		if res, p := postRaw(t, e.url, "/v1/plan", good, header...); res.StatusCode != want ||
-			(want == 415 && !strings.Contains(problemDetail(p), "application/json") && !strings.Contains(problemDetail(p), "UTF-8")) {
+			(want == 415 &&
+				!strings.Contains(problemDetail(p), "application/json") &&
+				!strings.Contains(problemDetail(p), "UTF-8")) {
 			t.Errorf("Content-Type %q: %d %+v, want %d", ct, res.StatusCode, p, want)
 		}
 	}
@@ -157,7 +161,14 @@ func TestContentTypeAndEncoding(t *testing.T) {
 	zw := gzip.NewWriter(&gz)
 	zw.Write(good)
 	zw.Close()
-	if res, p := postRaw(t, e.url, "/v1/plan", gz.Bytes(), "Content-Type", "application/json", "Content-Encoding", "gzip"); res.StatusCode != 200 {
+	if res, p := postRaw(
+		t,
+		e.url,
+		"/v1/plan",
+		gz.Bytes(),
+		"Content-Type", "application/json",
+		"Content-Encoding", "gzip",
+	); res.StatusCode != 200 {
 		t.Errorf("a gzip body: %d %+v", res.StatusCode, p)
 	}
 	var bomb bytes.Buffer // 2 MiB of spaces after the JSON decode past the 1 MiB limit; 2 KiB on the wire
@@ -165,14 +176,35 @@ func TestContentTypeAndEncoding(t *testing.T) {
 	zw.Write(good)
 	zw.Write(bytes.Repeat([]byte(" "), 2<<20))
 	zw.Close()
-	if res, p := postRaw(t, e.url, "/v1/plan", bomb.Bytes(), "Content-Type", "application/json", "Content-Encoding", "gzip"); res.StatusCode != 413 {
+	if res, p := postRaw(
+		t,
+		e.url,
+		"/v1/plan",
+		bomb.Bytes(),
+		"Content-Type", "application/json",
+		"Content-Encoding", "gzip",
+	); res.StatusCode != 413 {
 		t.Errorf("a gzip body over the limit once decoded (%d bytes sent): %d %+v", bomb.Len(), res.StatusCode, p)
 	}
-	if res, p := postRaw(t, e.url, "/v1/plan", gz.Bytes()[:gz.Len()/2], "Content-Type", "application/json", "Content-Encoding", "gzip"); res.StatusCode != 400 {
+	if res, p := postRaw(
+		t,
+		e.url,
+		"/v1/plan",
+		gz.Bytes()[:gz.Len()/2],
+		"Content-Type", "application/json",
+		"Content-Encoding", "gzip",
+	); res.StatusCode != 400 {
 		t.Errorf("a truncated gzip body: %d %+v", res.StatusCode, p)
 	}
 	for _, enc := range []string{"br", "zstd", "deflate", "gzip, gzip"} {
-		if res, p := postRaw(t, e.url, "/v1/plan", good, "Content-Type", "application/json", "Content-Encoding", enc); res.StatusCode != 415 ||
+		if res, p := postRaw(
+			t,
+			e.url,
+			"/v1/plan",
+			good,
+			"Content-Type", "application/json",
+			"Content-Encoding", enc,
+		); res.StatusCode != 415 ||
 			res.Header.Get("Accept-Encoding") != "gzip" {
 			t.Errorf(
 				"Content-Encoding %q: %d %+v (Accept-Encoding %q), want 415",
@@ -193,7 +225,15 @@ func TestRequestIDIsBounded(t *testing.T) {
 	for _, c := range []struct {
 		id   string
 		kept bool
-	}{{"abc-123", true}, {ok, true}, {ok + "y", false}, {strings.Repeat("z", 200_000), false}, {"with space", false}, {"caf\xc3\xa9", false}, {"tab\there", false}} {
+	}{
+		{"abc-123", true},
+		{ok, true},
+		{ok + "y", false},
+		{strings.Repeat("z", 200_000), false},
+		{"with space", false},
+		{"caf\xc3\xa9", false},
+		{"tab\there", false},
+	} {
 		req, _ := http.NewRequest("GET", e.url+"/healthz", nil)
 		req.Header.Set("X-Request-Id", c.id)
 		res, err := http.DefaultClient.Do(req)

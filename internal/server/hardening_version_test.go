@@ -41,7 +41,8 @@ func TestInPlaceRewriteNeverServesTwoVersions(t *testing.T) {
 	os.WriteFile(path, versions[0], 0o644)
 	st, _ := store.NewLocal(dir)
 	opts := planner.DefaultOptions() // one 8 MiB read per body: the longest window for a write to land in
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20},
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
+		Limits: server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(
 			st,
 			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},

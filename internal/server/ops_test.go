@@ -103,13 +103,21 @@ func TestBearerTokens(t *testing.T) {
 	for _, c := range []struct {
 		header string
 		status int
-	}{{"", 401}, {"Bearer wrong", 401}, {"Basic alpha-token", 401}, {"Bearer alpha-token", 200}, {"Bearer beta-token", 200}} {
+	}{
+		{"", 401},
+		{"Bearer wrong", 401},
+		{"Basic alpha-token", 401},
+		{"Bearer alpha-token", 200},
+		{"Bearer beta-token", 200},
+	} {
 		res, body := e.post(t, "/v1/plan", e.req, "Authorization", c.header)
 		if res.StatusCode != c.status {
 			t.Errorf("%q: %d %s", c.header, res.StatusCode, body)
 		}
 		if c.status == 401 &&
-			(res.Header.Get("WWW-Authenticate") == "" || !strings.Contains(string(body), `"status":401`) || strings.Contains(string(body), "alpha")) {
+			(res.Header.Get("WWW-Authenticate") == "" ||
+				!strings.Contains(string(body), `"status":401`) ||
+				strings.Contains(string(body), "alpha")) {
 			t.Errorf("%q: a 401 problem with WWW-Authenticate and no token in it, got %s", c.header, body)
 		}
 	}
@@ -317,9 +325,18 @@ func TestSpansAndMetrics(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"shardsrv.requests", "shardsrv.served", "shardsrv.plan.duration", "shardsrv.stream.duration",
-		"shardsrv.read.amplification", "shardsrv.streams.active", "shardsrv.buffers.in_flight", "shardsrv.storage.read", "shardsrv.storage.requests",
-		"http.server.request.duration"} {
+	for _, want := range []string{
+		"shardsrv.requests",
+		"shardsrv.served",
+		"shardsrv.plan.duration",
+		"shardsrv.stream.duration",
+		"shardsrv.read.amplification",
+		"shardsrv.streams.active",
+		"shardsrv.buffers.in_flight",
+		"shardsrv.storage.read",
+		"shardsrv.storage.requests",
+		"http.server.request.duration",
+	} {
 		if !found[want] {
 			t.Errorf("metric %s missing; have %v", want, found)
 		}

@@ -206,7 +206,10 @@ func TestSeedMalformedBlocksAreRefused(t *testing.T) {
 			block  api.Block
 			status int
 		}{
-			{api.Block{Offsets: []int64{0, 0}, Lengths: []int64{2}, Source: "w", Base: []int64{0}, Coeff: [][]int64{{1, 0}}}, 422},
+			{
+				api.Block{Offsets: []int64{0, 0}, Lengths: []int64{2}, Source: "w", Base: []int64{0}, Coeff: [][]int64{{1, 0}}},
+				422,
+			},
 			{api.Block{Offsets: []int64{0}, Lengths: []int64{2}, Source: "w", Base: []int64{4}, Coeff: [][]int64{{-1}}}, 400},
 		} {
 			blocks := []api.Block{c.block}

@@ -67,7 +67,11 @@ func TestLocalRefusesNonRegularFiles(t *testing.T) {
 	for _, c := range []struct {
 		key, ver string
 		want     error
-	}{{"m/f.safetensors", info.Version, store.ErrChanged}, {"m/f.safetensors", "", store.ErrNotFound}, {"m/d.safetensors", "", store.ErrNotFound}} {
+	}{
+		{"m/f.safetensors", info.Version, store.ErrChanged},
+		{"m/f.safetensors", "", store.ErrNotFound},
+		{"m/d.safetensors", "", store.ErrNotFound},
+	} {
 		done := make(chan error, 1)
 		go func() { done <- s.ReadAt(context.Background(), c.key, c.ver, make([]byte, 4), 0) }()
 		select {
