@@ -32,6 +32,10 @@ Usage:
   shardsrv fetch   --request FILE -o OUT|-      fetch a shard into a file or stdout (progress on a terminal)
   shardsrv fetch   --checkpoint NAME --layout vllm --tp N --rank R|all --out DIR
                                                 write a directory vLLM loads with --load-format sharded_state
+  shardsrv sign    --key KEY.pem DIR|s3://BUCKET/PREFIX
+                                                sign a checkpoint folder (OpenSSF Model Signing, model.sig)
+  shardsrv verify  --trust-key PUB.pem DIR|s3://BUCKET/PREFIX
+                                                check a signed checkpoint folder, every byte
 
 The client commands take --server URL (SHARDSRV_SERVER, default http://localhost:8080) and --token
 (SHARDSRV_TOKEN); 'shardsrv COMMAND -h' explains each command's flags, with examples.
@@ -56,6 +60,10 @@ func main() {
 		err = fetch(os.Args[2:], os.Stdout, os.Stderr)
 	case "plan":
 		err = planCmd(os.Args[2:], os.Stdout, os.Stderr)
+	case "sign":
+		err = signCmd(os.Args[2:], os.Stdout, os.Stderr)
+	case "verify":
+		err = verifyCmd(os.Args[2:], os.Stdout, os.Stderr)
 	case "layout":
 		err = layoutCmd(os.Args[2:], os.Stdout, os.Stderr)
 	case "help", "-h", "--help":

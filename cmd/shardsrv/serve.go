@@ -24,6 +24,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
 	"github.com/shardsrv/shardsrv/internal/telemetry"
+	"github.com/shardsrv/shardsrv/internal/verify"
 )
 
 // config is serve's configuration, from flags with SHARDSRV_* fallbacks. Each package's part
@@ -36,6 +37,7 @@ type config struct {
 	cache       cache.Config
 	limits      server.Limits
 	planner     planner.Options
+	verify      verify.Config
 	tokensFile  string
 	grace       time.Duration
 	drainDelay  time.Duration
@@ -60,6 +62,7 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 	c.cache.RegisterFlags(fs)
 	c.planner.RegisterFlags(fs)
 	c.limits.RegisterFlags(fs)
+	c.verify.RegisterFlags(fs)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it "+
@@ -144,7 +147,7 @@ func (c *config) validate() error {
 		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
 	}
 	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.planner.Validate(), c.executor.Validate(),
-		c.cache.Validate())
+		c.cache.Validate(), c.verify.Validate())
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %v", err))
@@ -175,6 +178,23 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 	var st store.Store = telemetry.InstrumentStore(raw, tel.Tracer, tel.Meter)
+	keys, err := c.verify.Keys()
+	if err != nil {
+		return err
+	}
+	// Verification sits under the cache: what the cache holds was verified once, when it was read.
+	var chunk int64
+	if c.cache.Bytes > 0 {
+		chunk = c.cache.ChunkBytes
+	}
+	verifier := verify.New(st, c.verify.Mode, keys, chunk)
+	if verifier.Mode() != c.verify.Mode {
+		log.Warn("no --trust-key: signatures are not checked", "verify", string(c.verify.Mode))
+	}
+	if verifier.Mode() != verify.ModeOff {
+		telemetry.ObserveVerify(tel.Meter, verifier)
+		st = verifier
+	}
 	if c.cache.Bytes > 0 {
 		cached, err := cache.New(st, c.cache.Bytes, c.cache.ChunkBytes)
 		if err != nil {

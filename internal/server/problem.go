@@ -118,6 +118,20 @@ func toProblem(err error) *Problem {
 			Detail:     err.Error() + "; retry shortly",
 			RetryAfter: 1,
 		}
+	case errors.Is(err, store.ErrCorrupt):
+		return &Problem{
+			Status: http.StatusBadGateway,
+			Slug:   "integrity-mismatch",
+			Title:  "Stored bytes do not match the checkpoint's signature",
+			Detail: err.Error() + "; the store holds a damaged or replaced file: re-upload it or re-sign the checkpoint",
+		}
+	case errors.Is(err, store.ErrUnverified):
+		return &Problem{
+			Status: http.StatusBadGateway,
+			Slug:   "unverified-checkpoint",
+			Title:  "The checkpoint cannot be served verified",
+			Detail: err.Error(),
+		}
 	case errors.Is(err, store.ErrPermissionDenied):
 		return &Problem{
 			Status: http.StatusBadGateway,

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 )
 
@@ -23,6 +24,36 @@ type Store interface {
 	Check(ctx context.Context) error
 	// String names the store in logs and problems, without secrets.
 	String() string
+}
+
+// Sectioner is a store that can write byte ranges of a file out itself, so bytes a response
+// does not change need not be copied into a buffer of the caller's: a local file goes to a socket
+// by sendfile, cached chunks are written from the cache. A store without it (an object store) is
+// read with ReadAt into read-ahead buffers; wrappers that must see every byte (a verifying store)
+// leave it out, and their callers fall back to ReadAt.
+type Sectioner interface {
+	// Section pins ranges of one version of key, to be written out in order by the Section. It
+	// checks what it can at once (the key, the version, the ranges against the size), so a
+	// failure is known before anything is written; the caller must Close the Section.
+	// errors.ErrUnsupported means this store (or the store a wrapper wraps) cannot: use ReadAt.
+	Section(ctx context.Context, key, version string, ranges []Range) (Section, error)
+}
+
+// Range is a byte range of a file.
+type Range struct{ Offset, Length int64 }
+
+// Section is byte ranges of one version of a file, pinned until Close.
+type Section interface {
+	// WriteTo writes the ranges to w in order, passing w's ReadFrom a file when it can (the
+	// socket's sendfile). When the file turns out to have changed it fails with ErrChanged, and
+	// bytes of another version may already have been written: the caller must then abort what it
+	// wrote them into. It is called at most once.
+	WriteTo(w io.Writer) (int64, error)
+	// Memory is how many bytes of memory the Section keeps from being freed or reused until
+	// Close (cached chunks it references), for the caller's memory budget; 0 for a file handle.
+	Memory() int64
+	// Close releases what the Section pins.
+	Close() error
 }
 
 // Info describes a file.
@@ -44,6 +75,12 @@ var (
 	// ErrPermissionDenied is a store that refuses this server's credentials: its configuration,
 	// not the client's request, is at fault.
 	ErrPermissionDenied = errors.New("access denied")
+	// ErrCorrupt is stored bytes that do not match the publisher's signature: a flipped bit, a
+	// truncated upload, another model's file.
+	ErrCorrupt = errors.New("the stored bytes do not match the checkpoint's signature")
+	// ErrUnverified is a checkpoint that cannot be served verified as configured: no signature
+	// under --verify required, one that does not verify, or a file it does not cover.
+	ErrUnverified = errors.New("the checkpoint cannot be verified")
 )
 
 // The longest key and key segment: S3's key limit, and NAME_MAX of Linux file systems.

@@ -1,0 +1,419 @@
+// Package verify is the store decorator that checks every byte read from storage against the
+// publisher's OpenSSF Model Signing signature (docs/signing.md) before anyone uses it.
+//
+// A checkpoint folder is signed when it (or a folder above it) holds model.sig, a key-signed
+// Sigstore bundle whose statement lists the SHA-256 of every file (method "files") or of every
+// fixed-size range of every file (method "shards"). The decorator finds the signature of a key by
+// walking up its folders, verifies it with the trusted keys once per signature version, and then:
+//
+//   - Stat fails, before anyone reads a byte, for a file the signature does not cover, a file whose
+//     size is not the signed size (a truncated upload), a signature that does not verify, a shard
+//     size reads cannot be aligned to, and an unsigned checkpoint under ModeRequired. The version
+//     Stat returns names the signature too, so a new signature is a new version: the cache above
+//     never serves chunks verified under another one.
+//   - ReadAt widens a read to whole signed shards, hashes each and compares before copying a byte
+//     into the caller's buffer; a mismatch is store.ErrCorrupt naming the file and range. Under the
+//     cache, whose chunks are a multiple of the shard size, nothing is widened, and chunks the cache
+//     holds were verified when they were filled: hits are not hashed again.
+//   - A "files" manifest is checked once per file version on first use, by one read of the whole
+//     file (the slow path); the verdict is kept and every read of that version then passes.
+//
+// It never implements store.Sectioner: bytes that are verified pass through memory.
+package verify
+
+import (
+	"context"
+	"crypto"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/shardsrv/shardsrv/internal/oms"
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// Mode says which checkpoints are verified.
+type Mode string
+
+// The modes.
+const (
+	ModeOff      Mode = "off"       // nothing is checked
+	ModeIfSigned Mode = "if-signed" // checkpoints with a model.sig are verified, others served as stored
+	ModeRequired Mode = "required"  // a checkpoint without a valid signature is refused
+)
+
+// MaxSignatureBytes bounds the model.sig read: a manifest of a few thousand files and shards.
+const MaxSignatureBytes = 64 << 20
+
+// MaxUncachedShardBytes bounds the shard size reads are widened to without the cache, so a small
+// read never buys a large one. Signatures with bigger shards are served through the cache (whose
+// chunk must then be a multiple of them) or refused.
+const MaxUncachedShardBytes = 16 << 20
+
+// Config is the verification settings.
+type Config struct {
+	Mode     Mode
+	KeyFiles []string // PEM public keys (PKIX): ECDSA P-256/P-384/P-521 or Ed25519
+}
+
+// RegisterFlags registers --verify and --trust-key on fs.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Mode = ModeIfSigned
+	fs.Func("verify", "which checkpoints are verified against their model.sig: required, if-signed or off "+
+		"(default if-signed; without --trust-key nothing can be verified and if-signed serves as stored)",
+		func(v string) error {
+			switch m := Mode(v); m {
+			case ModeOff, ModeIfSigned, ModeRequired:
+				c.Mode = m
+				return nil
+			}
+			return fmt.Errorf("%q is not required, if-signed or off", v)
+		})
+	fs.Func("trust-key", "`FILE` holding a PEM public key whose signatures are trusted (repeatable; "+
+		"a comma-separated list in SHARDSRV_TRUST_KEY)", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				c.KeyFiles = append(c.KeyFiles, f)
+			}
+		}
+		return nil
+	})
+}
+
+// Validate reports settings that cannot verify anything they promise to.
+func (c *Config) Validate() error {
+	if c.Mode == ModeRequired && len(c.KeyFiles) == 0 {
+		return errors.New("--verify required needs at least one --trust-key")
+	}
+	return nil
+}
+
+// Keys reads the trusted keys.
+func (c *Config) Keys() ([]crypto.PublicKey, error) {
+	keys := make([]crypto.PublicKey, 0, len(c.KeyFiles))
+	for _, f := range c.KeyFiles {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("--trust-key: %w", err)
+		}
+		k, err := oms.ParsePublicKeyPEM(data)
+		if err != nil {
+			return nil, fmt.Errorf("--trust-key %s: %w", f, err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// Stats are the verification counters since the store started.
+type Stats struct {
+	VerifiedBytes int64 // bytes hashed and found as signed
+	Failures      int64 // reads refused because bytes did not match
+	HashNanos     int64 // time spent hashing
+}
+
+// Store verifies what it reads from the store it wraps.
+type Store struct {
+	inner store.Store
+	mode  Mode
+	keys  []crypto.PublicKey
+	// chunk is the cache chunk above (0: none): shards must divide it, and reads are then never
+	// widened.
+	chunk int64
+	// Revalidate is how long a folder's signature (or its absence) is trusted before storage is
+	// asked again.
+	Revalidate time.Duration
+
+	signatures *lru.Cache[string, *signature] // folder → its model.sig, verified
+	verdicts   *lru.Cache[string, struct{}]   // key@version of files-manifest files that checked out
+	group      singleflight.Group
+
+	verified, failures, hashNanos atomic.Int64
+}
+
+var _ store.Store = (*Store)(nil)
+
+// signature is what a folder's model.sig said when it was last looked at.
+type signature struct {
+	at       time.Time
+	found    bool
+	version  string // the model.sig's store version
+	manifest *oms.Manifest
+	err      error // a signature that does not verify
+	id       string
+}
+
+// New wraps inner. chunk is the cache chunk the reads arrive in (0 without a cache).
+func New(inner store.Store, mode Mode, keys []crypto.PublicKey, chunk int64) *Store {
+	if len(keys) == 0 && mode == ModeIfSigned {
+		mode = ModeOff
+	}
+	sigs, _ := lru.New[string, *signature](1024)
+	verdicts, _ := lru.New[string, struct{}](16384)
+	return &Store{inner: inner, mode: mode, keys: keys, chunk: chunk, Revalidate: 5 * time.Second,
+		signatures: sigs, verdicts: verdicts}
+}
+
+// Mode is the mode in effect: if-signed without keys is off.
+func (s *Store) Mode() Mode { return s.mode }
+
+// Stats returns the counters.
+func (s *Store) Stats() Stats {
+	return Stats{VerifiedBytes: s.verified.Load(), Failures: s.failures.Load(), HashNanos: s.hashNanos.Load()}
+}
+
+func (s *Store) String() string { return s.inner.String() }
+
+// List implements store.Store. Signatures are the decorator's own: they are not listed.
+func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
+	keys, err := s.inner.List(ctx, prefix)
+	if s.mode == ModeOff {
+		return keys, err
+	}
+	return slices.DeleteFunc(keys, func(k string) bool { return path.Base(k) == oms.SignatureFile }), err
+}
+
+// Check implements store.Store.
+func (s *Store) Check(ctx context.Context) error { return s.inner.Check(ctx) }
+
+// versionSep joins a file's version and its signature's id in the versions Stat returns.
+const versionSep = "+oms:"
+
+// Stat implements store.Store: the file's info once the signature vouches for it.
+func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
+	info, err := s.inner.Stat(ctx, key)
+	if err != nil || s.exempt(key) {
+		return info, err
+	}
+	sig, file, err := s.signatureOf(ctx, key, false)
+	if err == nil && sig != nil && s.admissible(sig.manifest, file, info.Size) != nil {
+		sig, file, err = s.signatureOf(ctx, key, true) // the folder may have been signed anew since
+	}
+	if err != nil || sig == nil {
+		return info, err
+	}
+	if err := s.admissible(sig.manifest, file, info.Size); err != nil {
+		return store.Info{}, err
+	}
+	info.Version += versionSep + sig.id
+	return info, nil
+}
+
+// ReadAt implements store.Store: p is filled only with bytes that hashed as signed.
+func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
+	fileVersion, sigID, signed := strings.Cut(version, versionSep)
+	if err := store.ValidateKey(key); err != nil {
+		return err
+	}
+	if s.exempt(key) || len(p) == 0 {
+		return s.inner.ReadAt(ctx, key, fileVersion, p, off)
+	}
+	sig, file, err := s.signatureOf(ctx, key, false)
+	if err != nil {
+		return err
+	}
+	switch {
+	case sig == nil && !signed:
+		return s.inner.ReadAt(ctx, key, version, p, off)
+	case version != "" && (sig == nil || sigID != sig.id):
+		return fmt.Errorf("%w: the signature of %s changed", store.ErrChanged, key)
+	}
+	m := sig.manifest
+	if !m.Covers(file) {
+		if _, err := s.inner.Stat(ctx, key); err != nil || m.Ignored(file) {
+			return errors.Join(err, s.inner.ReadAt(ctx, key, fileVersion, p, off))
+		}
+		return fmt.Errorf("%w: the signature does not cover %s", store.ErrUnverified, key)
+	}
+	if m.Method() == oms.MethodFiles {
+		if err := s.checkWhole(ctx, key, fileVersion, file, m); err != nil {
+			return err
+		}
+		return s.inner.ReadAt(ctx, key, fileVersion, p, off)
+	}
+	off2, n2, err := m.Align(file, off, int64(len(p)))
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", store.ErrOutOfRange, key, err)
+	}
+	buf := p
+	if off2 != off || n2 != int64(len(p)) {
+		buf = make([]byte, n2)
+	}
+	if err := s.inner.ReadAt(ctx, key, fileVersion, buf, off2); err != nil {
+		return err
+	}
+	if err := s.check(key, func() error { return m.Check(file, off2, buf) }, n2); err != nil {
+		if now, _, rerr := s.signatureOf(ctx, key, true); rerr == nil && (now == nil || now.id != sig.id) {
+			return fmt.Errorf("%w: the signature of %s changed", store.ErrChanged, key) // re-published
+		}
+		return err
+	}
+	if &buf[0] != &p[0] {
+		copy(p, buf[off-off2:])
+	}
+	return nil
+}
+
+// check runs a hash comparison of n bytes, counting it, and turns a mismatch into ErrCorrupt.
+func (s *Store) check(key string, compare func() error, n int64) error {
+	start := time.Now()
+	err := compare()
+	s.hashNanos.Add(int64(time.Since(start)))
+	if errors.Is(err, oms.ErrMismatch) {
+		s.failures.Add(1)
+		return fmt.Errorf("%w: %s: %v", store.ErrCorrupt, key, err)
+	}
+	if err != nil {
+		return err
+	}
+	s.verified.Add(n)
+	return nil
+}
+
+// checkWhole verifies a files-manifest file once per version: one read of all of it.
+func (s *Store) checkWhole(ctx context.Context, key, version, file string, m *oms.Manifest) error {
+	id := key + "@" + version
+	if _, ok := s.verdicts.Get(id); ok {
+		return nil
+	}
+	_, err, _ := s.group.Do("whole:"+id, func() (any, error) {
+		info, err := s.inner.Stat(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		r := store.ReaderAt(context.WithoutCancel(ctx), s.inner, key, version)
+		if err := s.check(key, func() error { return m.CheckFile(file, r, info.Size) }, info.Size); err != nil {
+			return nil, err
+		}
+		s.verdicts.Add(id, struct{}{})
+		return nil, nil
+	})
+	return err
+}
+
+// exempt is what the decorator passes through unverified: the signature itself, which is
+// verified as a signature, and everything when verification is off.
+func (s *Store) exempt(key string) bool {
+	return s.mode == ModeOff || path.Base(key) == oms.SignatureFile
+}
+
+// admissible checks, before any data is read, that file can be served verified.
+func (s *Store) admissible(m *oms.Manifest, file string, size int64) error {
+	if !m.Covers(file) {
+		if m.Ignored(file) {
+			return nil // the publisher chose not to sign it (.gitattributes and kin)
+		}
+		return fmt.Errorf("%w: the signature does not cover %s", store.ErrUnverified, file)
+	}
+	if m.Method() == oms.MethodFiles {
+		return nil
+	}
+	if err := m.CheckSize(file, size); err != nil {
+		s.failures.Add(1)
+		return fmt.Errorf("%w: %v", store.ErrCorrupt, err)
+	}
+	shard := m.ShardSize()
+	switch {
+	case s.chunk > 0 && s.chunk%shard != 0:
+		return fmt.Errorf("%w: signed in %d-byte shards, which do not divide the cache chunk (%d bytes): "+
+			"set --cache-chunk-bytes to a multiple of the shard size", store.ErrUnverified, shard, s.chunk)
+	case s.chunk == 0 && shard > MaxUncachedShardBytes:
+		return fmt.Errorf("%w: signed in %d-byte shards, more than the %d a read may be widened to without "+
+			"the cache: enable the cache with --cache-chunk-bytes a multiple of the shard size, or sign with "+
+			"smaller shards", store.ErrUnverified, shard, MaxUncachedShardBytes)
+	}
+	return nil
+}
+
+// signatureOf finds the signature that covers key, walking up its folders, and the key's path
+// relative to the signed folder. nil without one (not under ModeRequired). A signature is looked
+// at again when it is older than Revalidate, or at once when reload is set.
+func (s *Store) signatureOf(ctx context.Context, key string, reload bool) (*signature, string, error) {
+	for dir := path.Dir(key); ; dir = path.Dir(dir) {
+		sig, err := s.signatureIn(ctx, dir, reload)
+		if err != nil {
+			return nil, "", err
+		}
+		if sig.found {
+			if sig.err != nil {
+				return nil, "", sig.err
+			}
+			rel := key
+			if dir != "." {
+				rel = strings.TrimPrefix(key, dir+"/")
+			}
+			return sig, rel, nil
+		}
+		if dir == "." {
+			break
+		}
+	}
+	if s.mode == ModeRequired {
+		return nil, "", fmt.Errorf("%w: %s has no %s in its folder or above it, and --verify is required",
+			store.ErrUnverified, key, oms.SignatureFile)
+	}
+	return nil, "", nil
+}
+
+// signatureIn is folder dir's signature, read and verified once per version.
+func (s *Store) signatureIn(ctx context.Context, dir string, reload bool) (*signature, error) {
+	sig, ok := s.signatures.Get(dir)
+	if ok && !reload && time.Since(sig.at) < s.Revalidate {
+		return sig, nil
+	}
+	v, err, _ := s.group.Do("sig:"+dir, func() (any, error) {
+		return s.loadSignature(context.WithoutCancel(ctx), dir, sig)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*signature), nil
+}
+
+func (s *Store) loadSignature(ctx context.Context, dir string, prev *signature) (*signature, error) {
+	key := oms.SignatureFile
+	if dir != "." {
+		key = dir + "/" + key
+	}
+	info, err := s.inner.Stat(ctx, key)
+	now := time.Now()
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		sig := &signature{at: now}
+		s.signatures.Add(dir, sig)
+		return sig, nil
+	case err != nil:
+		return nil, err
+	case prev != nil && prev.found && prev.version == info.Version:
+		sig := *prev
+		sig.at = now
+		s.signatures.Add(dir, &sig)
+		return &sig, nil
+	case info.Size > MaxSignatureBytes:
+		return nil, fmt.Errorf("%w: %s is %d bytes, more than the %d a signature may have",
+			store.ErrUnverified, key, info.Size, MaxSignatureBytes)
+	}
+	data := make([]byte, info.Size)
+	if err := s.inner.ReadAt(ctx, key, info.Version, data, 0); err != nil {
+		return nil, err
+	}
+	sig := &signature{at: now, found: true, version: info.Version}
+	if sig.manifest, err = oms.Verify(data, s.keys); err != nil {
+		sig.err = fmt.Errorf("%w: %s: %v", store.ErrUnverified, key, err)
+	} else {
+		subject := sig.manifest.SubjectDigest()
+		sig.id = hex.EncodeToString(subject[:8])
+	}
+	s.signatures.Add(dir, sig)
+	return sig, nil
+}
