@@ -3,7 +3,9 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,6 +36,9 @@ type Client struct {
 	Backoff time.Duration
 	// Logger is told of every retry: what, why and when; nil means slog.Default() (stderr).
 	Logger *slog.Logger
+	// NoDigest declines the Repr-Digest trailer (Want-Repr-Digest: sha-256=0), for a client that
+	// measures hashing as too costly; the server may then send local files without copying them.
+	NoDigest bool
 }
 
 // MaxBackoff caps the bound on a wait between attempts (not a server's Retry-After).
@@ -105,6 +110,16 @@ func (e *ShortBodyError) Error() string {
 
 func (e *ShortBodyError) Unwrap() error { return e.Err }
 
+// DigestError is a body whose SHA-256 is not the Repr-Digest the server sent after it: bytes
+// changed between the server and here.
+type DigestError struct {
+	Got, Want string // RFC 9530 values, sha-256=:BASE64:
+}
+
+func (e *DigestError) Error() string {
+	return fmt.Sprintf("shardsrv: the body's digest is %s, the server sent %s: it was damaged in transit", e.Got, e.Want)
+}
+
 // transient marks an error another attempt may cure, with the wait the server asked for.
 type transient struct {
 	err   error
@@ -152,6 +167,9 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	}
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	if c.NoDigest {
+		req.Header.Set("Want-Repr-Digest", "sha-256=0")
 	}
 	res, err := c.httpClient().Do(req)
 	if err != nil {
@@ -295,6 +313,7 @@ func (c *Client) File(ctx context.Context, checkpoint, name string, w io.Writer)
 		&buf,
 		func() error { buf.Reset(); return nil },
 		nil,
+		nil,
 	); err != nil {
 		return 0, err
 	}
@@ -305,8 +324,10 @@ func (c *Client) File(ctx context.Context, checkpoint, name string, w io.Writer)
 type Progress func(done, total int64)
 
 // Fetch streams a shard into w and returns the bytes written. It checks the body against its
-// Content-Length. When an attempt fails after writing, the next one starts over: reset is called
-// first (truncate the file, rewind the buffer); without reset such a failure is not retried.
+// length and its Repr-Digest trailer (unless NoDigest). When an attempt fails after writing, the
+// next one starts over: reset is called first (truncate the file, rewind the buffer); without
+// reset such a failure is not retried. A digest that does not match is retried like a broken
+// body, then returned as a *DigestError.
 func (c *Client) Fetch(
 	ctx context.Context,
 	req *ShardRequest,
@@ -314,7 +335,29 @@ func (c *Client) Fetch(
 	reset func() error,
 	progress Progress,
 ) (int64, error) {
-	return c.download(ctx, http.MethodPost, "/v1/shards", req, w, reset, progress)
+	f, err := c.FetchVerified(ctx, req, w, reset, progress)
+	return f.Bytes, err
+}
+
+// Fetched is what a fetch wrote: its length and the digest it was checked against ("" when the
+// server sent none).
+type Fetched struct {
+	Bytes  int64
+	Digest string
+}
+
+// FetchVerified is Fetch, returning the digest the body was checked against too.
+func (c *Client) FetchVerified(
+	ctx context.Context,
+	req *ShardRequest,
+	w io.Writer,
+	reset func() error,
+	progress Progress,
+) (Fetched, error) {
+	var f Fetched
+	var err error
+	f.Bytes, err = c.download(ctx, http.MethodPost, "/v1/shards", req, w, reset, progress, &f.Digest)
+	return f, err
 }
 
 // FetchBytes returns a whole shard in memory.
@@ -324,7 +367,8 @@ func (c *Client) FetchBytes(ctx context.Context, req *ShardRequest) ([]byte, err
 	return buf.Bytes(), err
 }
 
-// download streams a response body into w, retrying as Fetch says.
+// download streams a response body into w, retrying as Fetch says; digest, when not nil, is set
+// to the Repr-Digest the body matched.
 func (c *Client) download(
 	ctx context.Context,
 	method, path string,
@@ -332,6 +376,7 @@ func (c *Client) download(
 	w io.Writer,
 	reset func() error,
 	progress Progress,
+	digest *string,
 ) (int64, error) {
 	var n int64
 	err := c.retry(ctx, method+" "+path, func() error {
@@ -341,7 +386,7 @@ func (c *Client) download(
 			}
 			n = 0
 		}
-		err := c.stream(ctx, method, path, body, w, &n, progress)
+		err := c.stream(ctx, method, path, body, w, &n, progress, digest)
 		var t *transient
 		if n > 0 && reset == nil && errors.As(err, &t) {
 			return fmt.Errorf(
@@ -364,6 +409,7 @@ func (c *Client) stream(
 	w io.Writer,
 	n *int64,
 	progress Progress,
+	digest *string,
 ) error {
 	res, err := c.do(ctx, method, path, body)
 	if err != nil {
@@ -371,6 +417,12 @@ func (c *Client) stream(
 	}
 	defer res.Body.Close()
 	total := res.ContentLength
+	if total < 0 { // chunked, to carry the digest trailer: the length comes as a header
+		if v, err := strconv.ParseInt(res.Header.Get("Shard-Length"), 10, 64); err == nil {
+			total = v
+		}
+	}
+	hash := sha256.New()
 	buf := make([]byte, 4<<20)
 	for {
 		m, rerr := res.Body.Read(buf)
@@ -378,6 +430,7 @@ func (c *Client) stream(
 			if _, err := w.Write(buf[:m]); err != nil {
 				return err
 			}
+			hash.Write(buf[:m])
 			*n += int64(m)
 			if progress != nil {
 				progress(*n, total)
@@ -392,6 +445,15 @@ func (c *Client) stream(
 	}
 	if total >= 0 && *n != total {
 		return &transient{err: &ShortBodyError{Got: *n, Want: total, Err: io.ErrUnexpectedEOF}}
+	}
+	if want := res.Trailer.Get("Repr-Digest"); want != "" {
+		got := "sha-256=:" + base64.StdEncoding.EncodeToString(hash.Sum(nil)) + ":"
+		if !strings.Contains(want, got) { // a list may name other algorithms beside it
+			return &transient{err: &DigestError{Got: got, Want: want}}
+		}
+		if digest != nil {
+			*digest = got
+		}
 	}
 	return nil
 }

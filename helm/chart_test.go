@@ -119,6 +119,15 @@ func env(c corev1.Container, name string) *corev1.EnvVar {
 	return nil
 }
 
+func volume(pod corev1.PodSpec, name string) *corev1.Volume {
+	for i := range pod.Volumes {
+		if pod.Volumes[i].Name == name {
+			return &pod.Volumes[i]
+		}
+	}
+	return nil
+}
+
 func TestLint(t *testing.T) {
 	helm(t, "lint", chart)
 	helm(t, "lint", chart, "-f", "shardsrv/ci/all-options-values.yaml")
@@ -177,8 +186,13 @@ func TestAllOptions(t *testing.T) {
 		t.Error("static S3 credentials come from the Secret")
 	}
 	if e := env(c, "SHARDSRV_AUTH_TOKENS_FILE"); e == nil || e.Value != "/etc/shardsrv/auth/tokens.txt" ||
-		pod.Volumes[0].Secret.SecretName != "shardsrv-tokens" {
+		volume(pod, "auth") == nil || volume(pod, "auth").Secret.SecretName != "shardsrv-tokens" {
 		t.Error("auth tokens are mounted from the Secret")
+	}
+	if e := env(c, "SHARDSRV_TRUST_KEY"); e == nil || e.Value != "/etc/shardsrv/trust/acme.pub.pem" ||
+		env(c, "SHARDSRV_VERIFY").Value != "required" || volume(pod, "trust") == nil ||
+		volume(pod, "trust").ConfigMap.Name != "model-publishers" {
+		t.Error("verification is required with the trusted key mounted from the ConfigMap")
 	}
 	if env(c, "SHARDSRV_S3_ENDPOINT").Value != "http://minio.storage.svc:9000" ||
 		env(c, "SHARDSRV_CACHE_BYTES").Value != "2147483648" ||
@@ -202,7 +216,11 @@ func TestRefusesAShortTerminationGrace(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "drainDelaySeconds + shutdownGraceSeconds") {
 		t.Errorf("a grace period that does not cover drain delay + shutdown grace must be refused: %s", out)
 	}
-	out, err = exec.Command(bin, "template", "rel", chart, "--set", "store.url=gs://x").CombinedOutput()
+	out, err = exec.Command(bin, "template", "rel", chart, "--set", "verify.mode=required").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "verify.trustKey") {
+		t.Errorf("verification required without a trusted key must be refused: %s", out)
+	}
+	out, err = exec.Command(bin, "template", "rel", chart, "--set", "store.url=ftp://x").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "store") {
 		t.Errorf("values.schema.json must refuse a store URL shardsrv cannot open: %s", out)
 	}

@@ -22,6 +22,7 @@ import (
 // clientFlags are what every client subcommand takes.
 type clientFlags struct {
 	server, token string
+	noDigest      bool
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
@@ -37,11 +38,14 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 		os.Getenv("SHARDSRV_TOKEN"),
 		"bearer token, if the server wants one (SHARDSRV_TOKEN)",
 	)
+	fs.BoolVar(&c.noDigest, "no-digest", false, "decline the server's Repr-Digest of each shard "+
+		"(bodies are then checked for length only; the server may send local files without copying)")
 }
 
 func (c *clientFlags) client() *api.Client {
 	cl := api.NewClient(c.server)
 	cl.Token = c.token
+	cl.NoDigest = c.noDigest
 	return cl
 }
 
@@ -343,10 +347,10 @@ func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdou
 	}
 	start := time.Now()
 	b := newBar(stderr)
-	var n int64
+	var got api.Fetched
 	if out == "-" {
 		// stdout cannot start over: the client retries only failures before the first byte.
-		n, err = c.Fetch(ctx, req, stdout, nil, b.progress())
+		got, err = c.FetchVerified(ctx, req, stdout, nil, b.progress())
 	} else {
 		root, rerr := os.OpenRoot(filepath.Dir(out))
 		if rerr != nil {
@@ -354,7 +358,7 @@ func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdou
 		}
 		defer root.Close()
 		err = writeAtomic(root, filepath.Base(out), func(f *os.File) (err error) {
-			n, err = c.Fetch(ctx, req, f, rewind(f), b.progress())
+			got, err = c.FetchVerified(ctx, req, f, rewind(f), b.progress())
 			return err
 		})
 	}
@@ -362,22 +366,21 @@ func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdou
 	if err != nil {
 		return err
 	}
-	fetched(stderr, out, n, time.Since(start))
+	fetched(stderr, out, got, time.Since(start))
 	return nil
 }
 
-func fetched(stderr io.Writer, what string, n int64, took time.Duration) {
+// fetched reports a fetch, with the digest its body matched.
+func fetched(stderr io.Writer, what string, got api.Fetched, took time.Duration) {
 	if what == "-" {
 		what = "stdout"
 	}
-	fmt.Fprintf(
-		stderr,
-		"fetched %s into %s in %.2fs (%s/s)\n",
-		size(n),
-		what,
-		took.Seconds(),
-		size(int64(float64(n)/max(took.Seconds(), 1e-9))),
-	)
+	digest := "not checked: the server sent no digest"
+	if got.Digest != "" {
+		digest = "verified, " + got.Digest
+	}
+	fmt.Fprintf(stderr, "fetched %s into %s in %.2fs (%s/s); digest %s\n", size(got.Bytes), what,
+		took.Seconds(), size(int64(float64(got.Bytes)/max(took.Seconds(), 1e-9))), digest)
 }
 
 // fetchLayout writes the sharded_state directory of a layout's ranks.
@@ -424,16 +427,16 @@ func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlag
 		name := fmt.Sprintf("model-rank-%d-part-0.safetensors", r)
 		start := time.Now()
 		b := newBar(stderr)
-		var n int64
+		var got api.Fetched
 		err := writeAtomic(root, name, func(f *os.File) (err error) {
-			n, err = c.Fetch(ctx, req, f, rewind(f), b.progress())
+			got, err = c.FetchVerified(ctx, req, f, rewind(f), b.progress())
 			return err
 		})
 		b.end()
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		fetched(stderr, filepath.Join(dir, name), n, time.Since(start))
+		fetched(stderr, filepath.Join(dir, name), got, time.Since(start))
 	}
 	fmt.Fprintf(stderr, "wrote %d rank files and %d checkpoint files into %s\n", len(ranks), len(files.Files), dir)
 	return nil
