@@ -41,7 +41,8 @@ type Source interface {
 
 // Copy runs p over every element of s (simplified), reading from src at file offset srcOff and
 // writing into dst. Each innermost run is one call of p.Run when one buffer holds the run's source
-// bytes, so a contiguous copy is a single copy() and a stride or a transpose is a tight loop.
+// bytes, so a contiguous copy is a single copy() and a stride is a tight loop; a transpose is
+// walked in tiles (tile.go).
 func Copy(p *Pipeline, dst []byte, src Source, srcOff int64, s Strided) error {
 	srcSize, dstSize := int64(p.src.Size()), int64(p.dst.Size())
 	dims := len(s.Lengths)
@@ -49,23 +50,32 @@ func Copy(p *Pipeline, dst []byte, src Source, srcOff int64, s Strided) error {
 		s = Strided{Lengths: []int64{1}, Src: []int64{srcSize}, Dst: []int64{dstSize}}
 		dims = 1
 	}
+	if j := tiledDim(s, srcSize); j >= 0 {
+		return copyTiled(p, dst, src, srcOff, s, j)
+	}
 	inner := dims - 1
 	n, ss, ds := s.Lengths[inner], s.Src[inner], s.Dst[inner]
 	return walkRuns(s, func(srcAt, dstAt int64) error {
-		span := (n-1)*ss + srcSize
-		if b := src.Slice(srcOff+srcAt, span); b != nil {
-			p.Run(dst[dstAt:], int(ds), b, int(ss), int(n))
-			return nil
-		}
-		for i := range n { // the run's elements lie in different buffers
-			b := src.Slice(srcOff+srcAt+i*ss, srcSize)
-			if b == nil {
-				return fmt.Errorf("source bytes at offset %d were not read", srcOff+srcAt+i*ss)
-			}
-			p.Run(dst[dstAt+i*ds:], int(ds), b, int(ss), 1)
-		}
-		return nil
+		return copyRun(p, dst[dstAt:], src, srcOff+srcAt, n, ss, ds)
 	})
+}
+
+// copyRun runs p over n elements, the first at file offset at: one call of p.Run when one buffer
+// holds all their source bytes, else one per element.
+func copyRun(p *Pipeline, dst []byte, src Source, at, n, ss, ds int64) error {
+	size := int64(p.src.Size())
+	if b := src.Slice(at, (n-1)*ss+size); b != nil {
+		p.Run(dst, int(ds), b, int(ss), int(n))
+		return nil
+	}
+	for i := range n { // the run's elements lie in different buffers
+		b := src.Slice(at+i*ss, size)
+		if b == nil {
+			return fmt.Errorf("source bytes at offset %d were not read", at+i*ss)
+		}
+		p.Run(dst[i*ds:], int(ds), b, int(ss), 1)
+	}
+	return nil
 }
 
 // walkRuns calls run with the source and destination offsets of every innermost run of s (at

@@ -15,37 +15,41 @@ func aligned(b []byte, size uintptr) bool {
 	return littleEndian && len(b) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%size == 0
 }
 
-func words16(b []byte, n int) []uint16 {
-	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), n)
+// word is what view can see a buffer as.
+type word interface {
+	~uint8 | ~uint16 | ~uint32 | ~uint64
 }
-func words32(b []byte, n int) []uint32 {
-	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(b))), n)
+
+// view is b as words of type T, as many as fit.
+func view[T word](b []byte) []T {
+	var w T
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b))/unsafe.Sizeof(w))
 }
 
 // wordKernel runs a pipeline's common cases over words; it reports false when it cannot.
 func (p *Pipeline) wordKernel(dst []byte, ds int, src []byte, ss int, n int) bool {
+	size := p.src.Size()
 	switch {
-	case p.identity && p.src.Size() == 2 && ss%2 == 0 && ds == 2 && aligned(src, 2) && aligned(dst, 2):
-		if len(src) < (n-1)*ss+2 || len(dst) < 2*n {
+	case p.identity && size == 2 && ss == 4 && ds == 2:
+		if len(src) < 4*n-2 || len(dst) < 2*n {
 			return false
 		}
-		s, d, step := words16(src, (n-1)*ss/2+1), words16(dst, n), ss/2
-		for i := range d {
-			d[i] = s[i*step]
-		}
-	case p.identity && p.src.Size() == 4 && ss%4 == 0 && ds == 4 && aligned(src, 4) && aligned(dst, 4):
-		if len(src) < (n-1)*ss+4 || len(dst) < 4*n {
+		everyOther16(dst[:2*n], src)
+	case p.identity && (size == 2 || size == 4) && ss%size == 0 && ds == size && aligned(src, uintptr(size)) &&
+		aligned(dst, uintptr(size)):
+		if len(src) < (n-1)*ss+size || len(dst) < size*n {
 			return false
 		}
-		s, d, step := words32(src, (n-1)*ss/4+1), words32(dst, n), ss/4
-		for i := range d {
-			d[i] = s[i*step]
+		if size == 2 {
+			gather(view[uint16](dst)[:n], view[uint16](src), ss/2)
+		} else {
+			gather(view[uint32](dst)[:n], view[uint32](src), ss/4)
 		}
 	case p.fastBF16ToF32 && ss%2 == 0 && ds == 4 && aligned(src, 2) && aligned(dst, 4):
 		if len(src) < (n-1)*ss+2 || len(dst) < 4*n {
 			return false
 		}
-		s, d, step := words16(src, (n-1)*ss/2+1), words32(dst, n), ss/2
+		s, d, step := view[uint16](src), view[uint32](dst)[:n], ss/2
 		for i := range d {
 			d[i] = uint32(s[i*step]) << 16
 		}
@@ -53,17 +57,9 @@ func (p *Pipeline) wordKernel(dst []byte, ds int, src []byte, ss int, n int) boo
 		if len(src) < (n-1)*ss+4 || len(dst) < 2*n {
 			return false
 		}
-		s, d, step := words32(src, (n-1)*ss/4+1), words16(dst, n), ss/4
+		s, d, step := view[uint32](src), view[uint16](dst)[:n], ss/4
 		for i := range d {
 			d[i] = BF16FromF32(math.Float32frombits(s[i*step]))
-		}
-	case p.fastE4M3ToBF16 && ds == 2 && aligned(dst, 2):
-		if len(src) < (n-1)*ss+1 || len(dst) < 2*n {
-			return false
-		}
-		d := words16(dst, n)
-		for i := range d {
-			d[i] = e4m3BF16[src[i*ss]]
 		}
 	default:
 		return false
@@ -71,10 +67,30 @@ func (p *Pipeline) wordKernel(dst []byte, ds int, src []byte, ss int, n int) boo
 	return true
 }
 
-// e4m3BF16 maps every E4M3 code to its BF16 bits; every E4M3 value is exact in BF16.
-var e4m3BF16 = func() (t [256]uint16) {
-	for i, f := range e4m3Table {
-		t[i] = BF16FromF32(f) // exact, and NaN becomes BF16's canonical 0x7FC0
+// gather copies every step-th word of s into d.
+func gather[T word](d, s []T, step int) {
+	for i := range d {
+		d[i] = s[i*step]
 	}
-	return
-}()
+}
+
+// everyOther16 copies every other 16-bit element of src into dst (len(dst)/2 of them): it picks
+// the halves of 64-bit words, sixteen elements a round, whatever the alignment.
+func everyOther16(dst, src []byte) {
+	le := binary.LittleEndian
+	pick := func(s []byte) uint64 { // elements 0, 2, 4 and 6 of s
+		w0, w1 := le.Uint64(s), le.Uint64(s[8:])
+		return w0&0xFFFF | w0>>16&0xFFFF0000 | (w1&0xFFFF)<<32 | (w1>>16&0xFFFF0000)<<32
+	}
+	for len(dst) >= 32 && len(src) >= 64 {
+		s, d := src[:64], dst[:32]
+		le.PutUint64(d, pick(s))
+		le.PutUint64(d[8:], pick(s[16:]))
+		le.PutUint64(d[16:], pick(s[32:]))
+		le.PutUint64(d[24:], pick(s[48:]))
+		dst, src = dst[32:], src[64:]
+	}
+	for i := 0; i < len(dst); i += 2 {
+		dst[i], dst[i+1] = src[2*i], src[2*i+1]
+	}
+}
