@@ -204,7 +204,10 @@ func TestExpertParallelPlacesEveryExpertOnce(t *testing.T) {
 		gate, up, down            string
 	}
 	for _, m := range []moe{
-		{"mixtral", "model.layers.1.block_sparse_moe.experts", "model.layers.1.block_sparse_moe.experts.%d.", "w1", "w3", "w2"},
+		{
+			"mixtral", "model.layers.1.block_sparse_moe.experts", "model.layers.1.block_sparse_moe.experts.%d.",
+			"w1", "w3", "w2",
+		},
 		{"qwen3moe", "model.layers.1.mlp.experts", "model.layers.1.mlp.experts.%d.", "gate_proj", "up_proj", "down_proj"},
 		{"deepseekv3", "model.layers.1.mlp.experts", "model.layers.1.mlp.experts.%d.", "gate_proj", "up_proj", "down_proj"},
 	} {
@@ -387,7 +390,10 @@ func TestDeepSeekNamesAndDTypes(t *testing.T) {
 		}
 	}
 	plain := mustRank(t, "deepseekv3", Parallel{TP: 2, TPRank: 0, DP: 1})
-	for _, n := range []string{"model.layers.0.self_attn.mla_attn.q_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"} {
+	for _, n := range []string{
+		"model.layers.0.self_attn.mla_attn.q_proj.weight",
+		"model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+	} {
 		if _, ok := plain[n]; !ok {
 			t.Errorf("q_lora_rank null: %s missing", n)
 		}
@@ -557,7 +563,10 @@ func TestRefusals(t *testing.T) {
 	}
 	// And the legal fp8 layouts around them.
 	for _, p := range []Parallel{{TP: 1, DP: 1}, {TP: 2, TPRank: 1, DP: 1}, {TP: 4, TPRank: 3, DP: 1},
-		{TP: 4, TPRank: 2, DP: 2, DPRank: 1, EnableEP: true}, {TP: 2, TPRank: 1, DP: 2, DPRank: 1}, {TP: 1, DP: 2, DPRank: 1}} {
+		{TP: 4, TPRank: 2, DP: 2, DPRank: 1, EnableEP: true},
+		{TP: 2, TPRank: 1, DP: 2, DPRank: 1},
+		{TP: 1, DP: 2, DPRank: 1},
+	} {
 		mustRank(t, "deepseekv3-fp8", p)
 	}
 }
