@@ -5,6 +5,9 @@ TOOLS := $(CURDIR)/.tools/bin
 # Pinned versions of what the tests run besides Go itself.
 VERSITYGW_VERSION := v1.8.0
 HELM_VERSION := v3.22.0
+FAKE_GCS_SERVER_VERSION := v1.56.1
+# 3.36 and later need Node 21 or newer; 3.35 runs on the machine's Node 20.
+AZURITE_VERSION := 3.35.0
 IMAGE ?= shardsrv:dev
 export PATH := $(TOOLS):$(PATH)
 BIN := bin/shardsrv
@@ -25,8 +28,8 @@ run: build
 	@echo "Serving on http://$(ADDR) (Ctrl-C to stop)"
 	@$(BIN) serve --store .run/checkpoints --addr $(ADDR)
 
-## tools: install what the tests run (an S3 server, helm), pinned, into .tools/bin
-tools: $(TOOLS)/versitygw $(TOOLS)/helm
+## tools: install what the tests run (S3, GCS and Azure Blob servers, helm), pinned, into .tools/bin
+tools: $(TOOLS)/versitygw $(TOOLS)/helm $(TOOLS)/fake-gcs-server $(TOOLS)/azurite-blob
 
 $(TOOLS)/versitygw:
 	GOBIN=$(TOOLS) $(GO) install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
@@ -34,11 +37,21 @@ $(TOOLS)/versitygw:
 $(TOOLS)/helm:
 	GOBIN=$(TOOLS) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 
+$(TOOLS)/fake-gcs-server:
+	GOBIN=$(TOOLS) $(GO) install github.com/fsouza/fake-gcs-server@$(FAKE_GCS_SERVER_VERSION)
+
+# Azurite is an npm package: installed into .tools/azurite, its blob service linked into .tools/bin.
+$(TOOLS)/azurite-blob:
+	npm install --prefix $(CURDIR)/.tools/azurite --no-save --no-audit --no-fund azurite@$(AZURITE_VERSION)
+	mkdir -p $(TOOLS)
+	ln -sf ../azurite/node_modules/.bin/azurite-blob $(TOOLS)/azurite-blob
+
 ## test: everything CI runs
 test: lint unit fuzz python
 
 unit: tools
-	SHARDSRV_REQUIRE_S3=1 SHARDSRV_REQUIRE_HELM=1 $(GO) test -race -count=1 ./...
+	SHARDSRV_REQUIRE_S3=1 SHARDSRV_REQUIRE_GCS=1 SHARDSRV_REQUIRE_AZURE=1 SHARDSRV_REQUIRE_HELM=1 \
+		$(GO) test -race -count=1 ./...
 
 ## python: the Python client's tests, against a live server (standard library only)
 python: build
@@ -48,6 +61,7 @@ python: build
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/safetensors
 	$(GO) test -run '^$$' -fuzz '^FuzzPlan$$' -fuzztime $(FUZZTIME) ./internal/planner
+	$(GO) test -run '^$$' -fuzz '^FuzzVerify$$' -fuzztime $(FUZZTIME) ./internal/oms
 
 ## fuzz-http: fuzz whole requests through the HTTP handler (FUZZTIME=5m make fuzz-http). Its inputs
 ## take up to seconds each, more than a brief run in `make test` allows; there its seed corpus runs

@@ -5,6 +5,9 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/shardsrv/shardsrv/internal/cache"
+	"github.com/shardsrv/shardsrv/internal/planner"
 )
 
 func TestFlagsFallBackToEnvironment(t *testing.T) {
@@ -49,13 +52,30 @@ func TestConfigErrorsSayWhatToFix(t *testing.T) {
 	}
 }
 
+func TestEveryObjectStoreParsesItsURLAndGetsObjectStorageDefaults(t *testing.T) {
+	for _, url := range []string{"s3://bucket/models/v1", "gs://bucket/models/v1", "az://acct/container/models/v1"} {
+		c, err := parseServe([]string{"--store", url}, io.Discard)
+		if err != nil {
+			t.Fatalf("%s: %v", url, err)
+		}
+		buckets := map[string]string{"s3": c.s3.Bucket + "/" + c.s3.Prefix, "gs": c.gcs.Bucket + "/" + c.gcs.Prefix,
+			"az": c.azure.Account + "/" + c.azure.Container + "/" + c.azure.Prefix}
+		scheme, rest, _ := strings.Cut(url, "://")
+		if buckets[scheme] != rest || c.cache.Bytes != cache.ObjectStoreConfig().Bytes ||
+			c.planner.MaxGap != planner.ObjectStoreOptions().MaxGap {
+			t.Errorf("%s: parsed %q, cache %d, max gap %d: want the URL's parts and the object-store defaults",
+				url, buckets[scheme], c.cache.Bytes, c.planner.MaxGap)
+		}
+	}
+}
+
 func TestS3StoreGetsObjectStorageDefaults(t *testing.T) {
 	c, err := parseServe([]string{"--store", "s3://bucket/models/v1", "--max-gap", "4096"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.s3.Bucket != "bucket" || c.s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 ||
-		c.planner.MaxRead != 8<<20 ||
+		c.planner.MaxRead != planner.ObjectStoreOptions().MaxRead ||
 		c.planner.MaxOverread != 16 ||
 		c.cache.Bytes != 512<<20 {
 		t.Errorf("%+v %+v: s3 defaults apply where no flag is given", c.s3, c.planner)

@@ -16,9 +16,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/gcsstore"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/server"
@@ -33,6 +35,8 @@ type config struct {
 	addr        string
 	store       string
 	s3          s3reader.Config
+	gcs         gcsstore.Config
+	azure       azstore.Config
 	executor    executor.Config
 	cache       cache.Config
 	limits      server.Limits
@@ -58,6 +62,8 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 	fs.StringVar(&c.store, "store", "", "where checkpoints are: "+storeForms()+
 		"; each checkpoint is a folder (key prefix) in it (required)")
 	c.s3.RegisterFlags(fs)
+	c.gcs.RegisterFlags(fs)
+	c.azure.RegisterFlags(fs)
 	c.executor.RegisterFlags(fs)
 	c.cache.RegisterFlags(fs)
 	c.planner.RegisterFlags(fs)
@@ -110,7 +116,10 @@ func parseServeOnce(args []string, objectStore bool, stderr io.Writer) (*config,
 			"Runs the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n"+
 			"S3 credentials and region come from the standard AWS chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,\n"+
 			"AWS_PROFILE and the shared files, or web identity (AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, as IRSA "+
-			"sets).\nFor object stores the defaults become %s unless given.\n"+
+			"sets).\nGCS credentials are Application Default Credentials (Workload Identity on GKE); "+
+			"STORAGE_EMULATOR_HOST\nor --gcs-endpoint for an emulator. Azure: AZURE_STORAGE_CONNECTION_STRING, "+
+			"else AZURE_STORAGE_KEY,\nelse DefaultAzureCredential (Workload Identity on AKS).\n"+
+			"For object stores the defaults become %s unless given.\n"+
 			"Sizes take units: 16777216, 16MiB, 16Mi, 1.5GiB.\n\nFlags:\n", storeForms(), objectStoreDefaults())
 		fs.PrintDefaults()
 	}
@@ -146,8 +155,8 @@ func (c *config) validate() error {
 	if c.planner.MaxPlanBytes > c.executor.MemoryBytes-c.cache.Bytes {
 		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
 	}
-	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.planner.Validate(), c.executor.Validate(),
-		c.cache.Validate(), c.verify.Validate())
+	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.gcs.Validate(), c.azure.Validate(),
+		c.planner.Validate(), c.executor.Validate(), c.cache.Validate(), c.verify.Validate())
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %v", err))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/shardsrv/shardsrv/internal/azstore"
+	"github.com/shardsrv/shardsrv/internal/gcsstore"
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
@@ -25,6 +27,22 @@ var objectStores = []struct {
 			return err
 		},
 		open: func(ctx context.Context, c *config) (store.Store, error) { return s3reader.New(ctx, c.s3) },
+	},
+	{
+		scheme: "gs://", url: "gs://BUCKET/PREFIX",
+		parse: func(c *config) (err error) {
+			c.gcs.Bucket, c.gcs.Prefix, err = gcsstore.ParseURL(c.store)
+			return err
+		},
+		open: func(ctx context.Context, c *config) (store.Store, error) { return gcsstore.New(ctx, c.gcs) },
+	},
+	{
+		scheme: "az://", url: "az://ACCOUNT/CONTAINER/PREFIX",
+		parse: func(c *config) (err error) {
+			c.azure.Account, c.azure.Container, c.azure.Prefix, err = azstore.ParseURL(c.store)
+			return err
+		},
+		open: func(ctx context.Context, c *config) (store.Store, error) { return azstore.New(ctx, c.azure) },
 	},
 }
 

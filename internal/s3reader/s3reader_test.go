@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/store/objread/faultproxy"
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 )
 
@@ -44,4 +46,21 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("ParseURL(%q) accepted", in)
 		}
 	}
+}
+
+func TestS3Faults(t *testing.T) {
+	g := s3test.Start(t)
+	faultproxy.RunMatrix(t, faultproxy.Harness{
+		CreateBucket: func(t *testing.T, bucket string) { g.CreateBucket(t, bucket) },
+		Put:          func(t *testing.T, bucket, key string, data []byte) { g.Put(t, bucket, key, data) },
+		NewProxy:     g.NewProxy,
+		Store: func(t *testing.T, endpoint, bucket string, readTimeout, retryBudget time.Duration) store.Store {
+			s, err := s3reader.New(context.Background(), s3reader.Config{Bucket: bucket, Endpoint: endpoint,
+				ReadTimeout: readTimeout, RetryBudget: retryBudget})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	})
 }

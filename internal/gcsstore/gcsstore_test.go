@@ -1,0 +1,68 @@
+package gcsstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardsrv/shardsrv/internal/gcsstore"
+	"github.com/shardsrv/shardsrv/internal/gcsstore/gcstest"
+	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/store/objread/faultproxy"
+	"github.com/shardsrv/shardsrv/internal/store/storetest"
+)
+
+var buckets atomic.Int64
+
+func TestGCSConformance(t *testing.T) {
+	g := gcstest.Start(t)
+	storetest.Run(t, storetest.Harness{New: func(t *testing.T) (store.Store, func(string, []byte)) {
+		bucket := fmt.Sprintf("bucket-%d", buckets.Add(1))
+		g.CreateBucket(t, bucket)
+		s, err := gcsstore.New(
+			context.Background(),
+			gcsstore.Config{Bucket: bucket, Prefix: "root/dir", Endpoint: g.Endpoint},
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A sibling outside the prefix must never show up.
+		g.Put(t, bucket, "root/elsewhere/model.safetensors", []byte("x"))
+		return s, func(key string, data []byte) { g.Put(t, bucket, "root/dir/"+key, data) }
+	}})
+}
+
+func TestParseURL(t *testing.T) {
+	for in, want := range map[string][2]string{"gs://b": {"b", ""}, "gs://b/p/q/": {"b", "p/q"}} {
+		b, p, err := gcsstore.ParseURL(in)
+		if err != nil || b != want[0] || p != want[1] {
+			t.Errorf("ParseURL(%q) = %q %q %v", in, b, p, err)
+		}
+	}
+	for _, in := range []string{"gs://", "b/p", "gs:///p", "s3://b/p"} {
+		if _, _, err := gcsstore.ParseURL(in); err == nil {
+			t.Errorf("ParseURL(%q) accepted", in)
+		}
+	}
+}
+
+// TestGCSFaults runs the fault matrix. fake-gcs-server checks no credentials, so a refusal is
+// the proxy's 403, not a wrong key.
+func TestGCSFaults(t *testing.T) {
+	g := gcstest.Start(t)
+	faultproxy.RunMatrix(t, faultproxy.Harness{
+		CreateBucket: func(t *testing.T, bucket string) { g.CreateBucket(t, bucket) },
+		Put:          func(t *testing.T, bucket, key string, data []byte) { g.Put(t, bucket, key, data) },
+		NewProxy:     g.NewProxy,
+		Store: func(t *testing.T, endpoint, bucket string, readTimeout, retryBudget time.Duration) store.Store {
+			s, err := gcsstore.New(context.Background(), gcsstore.Config{Bucket: bucket, Endpoint: endpoint,
+				ReadTimeout: readTimeout, RetryBudget: retryBudget})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	})
+}

@@ -1,0 +1,204 @@
+package faultproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// Harness is an object store under test: a server to put objects into, a proxy in front of it, and
+// stores reading through that proxy.
+type Harness struct {
+	// CreateBucket makes a bucket (a container) on the server; Put writes or replaces an object.
+	CreateBucket func(t *testing.T, bucket string)
+	Put          func(t *testing.T, bucket, key string, data []byte)
+	// NewProxy starts a proxy in front of the server.
+	NewProxy func() *Proxy
+	// Store builds a store over bucket reached at endpoint, with these tunables.
+	Store func(t *testing.T, endpoint, bucket string, readTimeout, retryBudget time.Duration) store.Store
+}
+
+var buckets atomic.Int64
+
+// The object every case reads: big enough that half a body is many packets.
+const (
+	objectKey  = "m/model.safetensors"
+	objectSize = 256 << 10
+)
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i/3) ^ seed
+	}
+	return b
+}
+
+// fixture is one case's bucket, object, proxy and store.
+type fixture struct {
+	h      Harness
+	bucket string
+	data   []byte
+	proxy  *Proxy
+	store  store.Store
+}
+
+func (h Harness) fixture(t *testing.T, readTimeout, retryBudget time.Duration) *fixture {
+	f := &fixture{h: h, bucket: fmt.Sprintf("faults-%d", buckets.Add(1)), data: pattern(objectSize, 1)}
+	h.CreateBucket(t, f.bucket)
+	h.Put(t, f.bucket, objectKey, f.data)
+	f.proxy = h.NewProxy()
+	t.Cleanup(f.proxy.Close)
+	f.store = h.Store(t, f.proxy.URL, f.bucket, readTimeout, retryBudget)
+	return f
+}
+
+// read reads the object whole at the version Stat sees.
+func (f *fixture) read(t *testing.T) ([]byte, error) {
+	info, err := f.store.Stat(context.Background(), objectKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, objectSize)
+	return p, f.store.ReadAt(context.Background(), objectKey, info.Version, p, 0)
+}
+
+func (f *fixture) expectBytes(t *testing.T) {
+	t.Helper()
+	p, err := f.read(t)
+	if err != nil || !bytes.Equal(p, f.data) {
+		t.Fatalf("ReadAt: %v (bytes equal: %v)", err, bytes.Equal(p, f.data))
+	}
+}
+
+// nth applies faults to the n-th ranged GET (from 1), by a map.
+func nth(faults map[int]Fault) func(int, *http.Request) Fault {
+	return func(n int, _ *http.Request) Fault { return faults[n] }
+}
+
+func always(f Fault) func(int, *http.Request) Fault {
+	return func(int, *http.Request) Fault { return f }
+}
+
+// RunMatrix runs the faults every object store must survive or report as the right sentinel.
+func RunMatrix(t *testing.T, h Harness) {
+	const timeout, budget = 2 * time.Second, 3 * time.Second
+
+	t.Run("ThrottlingIsRetried", func(t *testing.T) {
+		f := h.fixture(t, timeout, budget)
+		f.proxy.Decide = nth(map[int]Fault{1: Throttle, 2: Throttle})
+		f.expectBytes(t)
+	})
+
+	t.Run("ThrottlingEverywhereIsUnavailable", func(t *testing.T) {
+		f := h.fixture(t, timeout, 500*time.Millisecond)
+		f.proxy.Decide = always(Throttle)
+		start := time.Now()
+		if _, err := f.read(t); !errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("ReadAt: %v, want ErrUnavailable", err)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("took %v, past the retry budget", took)
+		}
+	})
+
+	for name, fault := range map[string]Fault{"Reset": Reset, "Truncate": Truncate} {
+		t.Run("BrokenBodyResumes/"+name, func(t *testing.T) {
+			f := h.fixture(t, timeout, budget)
+			f.proxy.Decide = nth(map[int]Fault{1: fault})
+			f.expectBytes(t)
+			// The read after the break asks only for the missing tail: from half the body, or
+			// before it after a reset, which drops what the client had not read yet.
+			var from, to int
+			if len(f.proxy.Ranges) == 2 {
+				fmt.Sscanf(f.proxy.Ranges[1], "bytes=%d-%d", &from, &to)
+			}
+			if from <= 0 || from > objectSize/2 || fault == Truncate && from != objectSize/2 || to != objectSize-1 {
+				t.Errorf("ranges %v: the retry should ask for the tail from %d", f.proxy.Ranges, objectSize/2)
+			}
+		})
+	}
+
+	t.Run("StallIsRetried", func(t *testing.T) {
+		f := h.fixture(t, 300*time.Millisecond, budget)
+		f.proxy.Decide = nth(map[int]Fault{1: Stall})
+		f.expectBytes(t)
+	})
+
+	t.Run("StalledStoreTimesOut", func(t *testing.T) {
+		f := h.fixture(t, 200*time.Millisecond, time.Second)
+		f.proxy.Decide = always(Stall)
+		start := time.Now()
+		if _, err := f.read(t); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("ReadAt: %v, want DeadlineExceeded", err)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("took %v, past the retry budget", took)
+		}
+	})
+
+	t.Run("ReplacedBeforeTheRead", func(t *testing.T) {
+		f := h.fixture(t, timeout, budget)
+		info, err := f.store.Stat(context.Background(), objectKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Put(t, f.bucket, objectKey, pattern(objectSize, 2))
+		err = f.store.ReadAt(context.Background(), objectKey, info.Version, make([]byte, objectSize), 0)
+		if !errors.Is(err, store.ErrChanged) {
+			t.Errorf("ReadAt at the old version: %v, want ErrChanged", err)
+		}
+	})
+
+	t.Run("ReplacedMidBody", func(t *testing.T) {
+		// The first body breaks off, and the object is replaced before the resumed read: the new
+		// version's tail must not be spliced onto the old one's head.
+		f := h.fixture(t, timeout, budget)
+		var once sync.Once
+		f.proxy.Decide = func(n int, _ *http.Request) Fault {
+			if n == 1 {
+				return Reset
+			}
+			once.Do(func() { h.Put(t, f.bucket, objectKey, pattern(objectSize, 3)) })
+			return Pass
+		}
+		if _, err := f.read(t); !errors.Is(err, store.ErrChanged) {
+			t.Errorf("ReadAt across a replacement: %v, want ErrChanged", err)
+		}
+	})
+
+	t.Run("ForbiddenIsPermissionDenied", func(t *testing.T) {
+		f := h.fixture(t, timeout, budget)
+		f.proxy.Decide = always(Forbidden)
+		if _, err := f.read(t); !errors.Is(err, store.ErrPermissionDenied) {
+			t.Errorf("ReadAt: %v, want ErrPermissionDenied", err)
+		}
+		if len(f.proxy.Ranges) != 1 {
+			t.Errorf("%d reads: a refusal is not retried", len(f.proxy.Ranges))
+		}
+	})
+
+	t.Run("MissingBucket", func(t *testing.T) {
+		proxy := h.NewProxy()
+		t.Cleanup(proxy.Close)
+		s := h.Store(t, proxy.URL, "no-such-bucket", timeout, time.Second)
+		if _, err := s.Stat(context.Background(), objectKey); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Stat: %v, want ErrNotFound", err)
+		}
+		// Check tells a missing bucket from a missing checkpoint, which the catalog reports as
+		// unknown: it names the bucket and is no ErrNotFound.
+		err := s.Check(context.Background())
+		if err == nil || errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), "no-such-bucket") {
+			t.Errorf("Check: %v, want an error naming the bucket", err)
+		}
+	})
+}
