@@ -225,3 +225,22 @@ func TestRefusesAShortTerminationGrace(t *testing.T) {
 		t.Errorf("values.schema.json must refuse a store URL shardsrv cannot open: %s", out)
 	}
 }
+
+func TestGCSAndAzureStores(t *testing.T) {
+	r := render(t, "--set", "store.url=gs://models/llama", "--set", "store.gcsEndpoint=http://fake-gcs:4443")
+	c := r.deployment.Spec.Template.Spec.Containers[0]
+	if env(c, "SHARDSRV_STORE").Value != "gs://models/llama" ||
+		env(c, "SHARDSRV_GCS_ENDPOINT").Value != "http://fake-gcs:4443" {
+		t.Errorf("a GCS store and its endpoint: %+v", c.Env)
+	}
+	r = render(t, "--set", "store.url=az://acct/models/llama", "--set", "azureCredentials.existingSecret=az",
+		"--set", "azureCredentials.env=AZURE_STORAGE_KEY", "--set", "azureCredentials.key=account-key")
+	c = r.deployment.Spec.Template.Spec.Containers[0]
+	if e := env(c, "AZURE_STORAGE_KEY"); env(c, "SHARDSRV_STORE").Value != "az://acct/models/llama" || e == nil ||
+		e.ValueFrom.SecretKeyRef.Name != "az" || e.ValueFrom.SecretKeyRef.Key != "account-key" {
+		t.Errorf("an Azure store with its account key from a Secret: %+v", c.Env)
+	}
+	if env(c, "AZURE_STORAGE_CONNECTION_STRING") != nil {
+		t.Error("only the credential the values name is set")
+	}
+}
