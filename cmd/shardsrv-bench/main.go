@@ -33,7 +33,7 @@ var (
 	only = flag.String(
 		"only",
 		"",
-		"run only these scenarios (comma-separated: control,kernels,local,s3); the report holds just them",
+		"run only these scenarios (comma-separated: control,kernels,local,s3,gcs,azure); the report holds just them",
 	)
 )
 
@@ -74,6 +74,9 @@ func main() {
 	}
 	if want("s3") {
 		s3Scenarios(r, bin, dir)
+	}
+	if want("gcs") || want("azure") {
+		objectStoreScenarios(r, bin, dir)
 	}
 	if err := os.WriteFile(*out, []byte(r.markdown()), 0o644); err != nil {
 		log.Fatal(err)
