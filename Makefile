@@ -78,8 +78,10 @@ lint:
 generate:
 	$(GO) generate ./api ./internal/server/gen
 
-## bench: measure against baselines in one run and write docs/benchmarks.md
+## bench: measure against baselines in one run and write docs/benchmarks.md (needs curl: the client the
+## plain handlers are measured with)
 bench: tools
+	@command -v curl >/dev/null || { echo "make bench needs curl (the client of the plain-handler baselines)"; exit 1; }
 	$(GO) run ./cmd/shardsrv-bench -out docs/benchmarks.md
 
 ## image: build the container image (needs a Docker engine)

@@ -359,6 +359,36 @@ type PostOp struct {
 // PostOpOp defines model for PostOp.Op.
 type PostOpOp string
 
+// PrefetchOwner defines model for PrefetchOwner.
+type PrefetchOwner struct {
+	Bytes       int64 `json:"bytes"`
+	Chunks      int64 `json:"chunks"`
+	FilledBytes int64 `json:"filled_bytes"`
+
+	// Owner The replica's base URL as its peers reach it; "self" when the server runs without peers.
+	Owner string `json:"owner"`
+}
+
+// PrefetchResponse defines model for PrefetchResponse.
+type PrefetchResponse struct {
+	// Bytes Their bytes.
+	Bytes      int64  `json:"bytes"`
+	Checkpoint string `json:"checkpoint"`
+
+	// Chunks Cache chunks the request reads.
+	Chunks      int64 `json:"chunks"`
+	FilledBytes int64 `json:"filled_bytes"`
+
+	// FilledChunks Chunks this prefetch read from storage; the others were cached, or being filled already.
+	FilledChunks int64 `json:"filled_chunks"`
+
+	// Owners Where the chunks are now, one entry per replica that owns some (this one alone without peers).
+	Owners []PrefetchOwner `json:"owners"`
+
+	// Seconds How long the prefetch took.
+	Seconds float64 `json:"seconds"`
+}
+
 // Problem defines model for Problem.
 type Problem struct {
 	Detail   *string       `json:"detail,omitempty"`
@@ -463,6 +493,9 @@ type PostLayoutsJSONRequestBody = LayoutRequest
 
 // PostPlanJSONRequestBody defines body for PostPlan for application/json ContentType.
 type PostPlanJSONRequestBody = ShardRequest
+
+// PostPrefetchJSONRequestBody defines body for PostPrefetch for application/json ContentType.
+type PostPrefetchJSONRequestBody = ShardRequest
 
 // PostShardsJSONRequestBody defines body for PostShards for application/json ContentType.
 type PostShardsJSONRequestBody = ShardRequest

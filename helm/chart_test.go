@@ -53,6 +53,8 @@ func helm(t *testing.T, args ...string) string {
 type rendered struct {
 	deployment     *appsv1.Deployment
 	service        *corev1.Service
+	peers          *corev1.Service // the headless Service the replicas find each other through
+	secret         *corev1.Secret
 	serviceAccount *corev1.ServiceAccount
 	hpa            *autoscalingv2.HorizontalPodAutoscaler
 	pdb            *policyv1.PodDisruptionBudget
@@ -86,8 +88,16 @@ func render(t *testing.T, args ...string) rendered {
 			r.deployment = &appsv1.Deployment{}
 			strict(t, []byte(doc), r.deployment)
 		case "Service":
-			r.service = &corev1.Service{}
-			strict(t, []byte(doc), r.service)
+			svc := &corev1.Service{}
+			strict(t, []byte(doc), svc)
+			if strings.HasSuffix(svc.Name, "-peers") {
+				r.peers = svc
+			} else {
+				r.service = svc
+			}
+		case "Secret":
+			r.secret = &corev1.Secret{}
+			strict(t, []byte(doc), r.secret)
 		case "ServiceAccount":
 			r.serviceAccount = &corev1.ServiceAccount{}
 			strict(t, []byte(doc), r.serviceAccount)
@@ -161,7 +171,8 @@ func TestDefaults(t *testing.T) {
 		pod.TopologySpreadConstraints[0].LabelSelector == nil {
 		t.Error("resources and topology spread")
 	}
-	if r.hpa != nil || r.pdb != nil || r.serviceMonitor != nil || env(c, "AWS_SECRET_ACCESS_KEY") != nil ||
+	if r.hpa != nil || r.pdb != nil || r.serviceMonitor != nil || r.peers != nil || r.secret != nil ||
+		env(c, "SHARDSRV_PEERS_DNS") != nil || env(c, "AWS_SECRET_ACCESS_KEY") != nil ||
 		env(c, "SHARDSRV_AUTH_TOKENS_FILE") != nil {
 		t.Error("optional parts are off by default")
 	}
@@ -242,5 +253,40 @@ func TestGCSAndAzureStores(t *testing.T) {
 	}
 	if env(c, "AZURE_STORAGE_CONNECTION_STRING") != nil {
 		t.Error("only the credential the values name is set")
+	}
+}
+
+// Replicas sharing one cache: a headless Service to find each other, the shared secret, and
+// defaults that keep most of the cache up through a rollout.
+func TestCluster(t *testing.T) {
+	r := render(t, "--set", "cluster.enabled=true")
+	pod := r.deployment.Spec.Template.Spec
+	c := pod.Containers[0]
+	if r.peers == nil || r.peers.Spec.ClusterIP != "None" || r.peers.Spec.PublishNotReadyAddresses {
+		t.Fatal("a headless Service listing the ready replicas")
+	}
+	if e := env(c, "SHARDSRV_PEERS_DNS"); e == nil || e.Value != r.peers.Name+".ml.svc" {
+		t.Errorf("--peers-dns names the headless Service: %+v", e)
+	}
+	if e := env(c, "SHARDSRV_ADVERTISE"); e == nil || e.Value != "http://$(POD_IP):8080" ||
+		env(c, "POD_IP").ValueFrom.FieldRef.FieldPath != "status.podIP" {
+		t.Errorf("--advertise is the pod's address: %+v", e)
+	}
+	if r.secret == nil || len(r.secret.Data["peer-token"]) < 32 || volume(pod, "peer") == nil ||
+		volume(pod, "peer").Secret.SecretName != r.secret.Name ||
+		env(c, "SHARDSRV_PEER_TOKEN_FILE").Value != "/etc/shardsrv/peer/peer-token" {
+		t.Error("the peer secret is generated and mounted")
+	}
+	if r.pdb == nil || r.pdb.Spec.MaxUnavailable.IntValue() != 1 ||
+		r.deployment.Spec.Strategy.RollingUpdate.MaxUnavailable.IntValue() != 0 ||
+		pod.Affinity == nil || len(pod.Affinity.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+		t.Error("one replica down at a time, replicas on distinct nodes")
+	}
+	r = render(t, "-f", "shardsrv/ci/all-options-values.yaml")
+	pod = r.deployment.Spec.Template.Spec
+	c = pod.Containers[0]
+	if r.secret != nil || volume(pod, "peer").Secret.SecretName != "shardsrv-peers" ||
+		env(c, "SHARDSRV_PEER_TIMEOUT").Value != "3s" || env(c, "SHARDSRV_PEERS_DNS_REFRESH").Value != "5s" {
+		t.Error("an existing peer Secret and the tunables")
 	}
 }

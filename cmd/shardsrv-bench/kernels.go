@@ -2,15 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/store"
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
 
@@ -78,17 +84,91 @@ func kernelScenarios(r *report) {
 		goal  string
 	}{
 		{"strided rows (every other 8 KiB row)", strided, out, "(goal ≥ 0.5×)"},
-		{"strided elements (every other BF16)", everyOther, out, "(goal ≥ 0.5×)"},
+		{"strided elements (every other BF16)", everyOther, out, goalEveryOther},
 		{"BF16 → F32 (converting)", widen, out, "(goal ≥ 0.5×)"},
-		{"F8_E4M3 → BF16 (converting)", fp8, out, "(goal ≥ 0.5×)"},
-		{"post ops: mul 0.5, add 1 in BF16", post, out, ""},
-		{"transpose 4096 × 4096 BF16 (32 MiB)", transpose, 2 * side * side, ""},
+		{"F8_E4M3 → BF16 (converting)", fp8, out, goalE4M3},
+		{"post ops: mul 0.5, add 1 in BF16", post, out, goalPost},
+		{"transpose 4096 × 4096 BF16 (32 MiB)", transpose, 2 * side * side, goalTranspose},
 	} {
 		x := vs(k.ds, k.bytes, k.goal)
 		x.what = k.name
 		rowsOf = append(rowsOf, x)
 	}
 	r.add("Gather kernels in isolation (output GB/s, one core, in memory)", rowsOf...)
+	executorKernels(r, base[len(base)/2], out)
+}
+
+// The kernels' goals against copy() (issue 13).
+const (
+	goalTranspose  = "(goal ≥ 0.25×)"
+	goalPost       = "(goal ≥ 0.25×)"
+	goalEveryOther = "(goal ≥ 0.5×)"
+	goalE4M3       = "(goal ≥ 0.3×)"
+)
+
+// executorKernels runs the same conversions end to end through the planner and the executor — a
+// plan over a local file in the page cache, its segments read, converted and written out, in
+// order — against copy() of the same output size (copied bytes in copyTime).
+func executorKernels(r *report, copyTime time.Duration, copied int64) {
+	const side, n = 4096, 16 << 20 // a 4096 x 4096 BF16 matrix; 16 Mi elements (32 MiB of BF16)
+	dir, err := os.MkdirTemp(scratch, "kernels-")
+	must(err)
+	must(os.MkdirAll(filepath.Join(dir, "k"), 0o755))
+	must(os.WriteFile(filepath.Join(dir, "k", "model.safetensors"), safetensorsFile(
+		safetensors.TensorData{Name: "t", DType: "BF16", Shape: []int64{side, side},
+			Data: randomBytes(2*side*side, 11)},
+		safetensors.TensorData{Name: "x", DType: "BF16", Shape: []int64{2 * n}, Data: randomBytes(4*n, 12)},
+		safetensors.TensorData{Name: "f", DType: "F8_E4M3", Shape: []int64{n}, Data: randomBytes(n, 13)},
+	), 0o644))
+	local, err := store.NewLocal(dir)
+	must(err)
+	defer local.Close()
+	ck, err := checkpoint.New(local).Open(context.Background(), "k")
+	must(err)
+	ex := executor.New(local, executor.Config{Window: executor.DefaultWindow, MaxRead: 16 << 20,
+		MemoryBytes: executor.DefaultMemoryBytes, AdmitWait: time.Second})
+	through := func(req api.ShardRequest) []time.Duration {
+		plan, err := planner.New(&req, ck, planner.DefaultOptions())
+		must(err)
+		return timed(func() {
+			stream, err := ex.Stream(context.Background(), plan, false)
+			must(err)
+			_, err = stream.WriteTo(io.Discard)
+			stream.Close()
+			must(err)
+		})
+	}
+	one := func(dtype api.DType, shape []int64, b api.Block) api.ShardRequest {
+		b.Offsets, b.Lengths = make([]int64, len(shape)), shape
+		return api.ShardRequest{Checkpoint: "k", Tensors: []api.TensorRequest{{Name: "out", Dtype: dtype,
+			Shape: shape, Boxes: []api.Box{{Offsets: make([]int64, len(shape)), Lengths: shape}},
+			Blocks: &[]api.Block{b}}}}
+	}
+	half, unit := 0.5, 1.0
+	rowsOf := []row{{"copy() of the same output size (64 MiB), as above",
+		fmt.Sprintf("%.2f GB/s", float64(copied)/copyTime.Seconds()/1e9), ""}}
+	for _, k := range []struct {
+		name string
+		req  api.ShardRequest
+		goal string
+	}{
+		{"transpose 4096 × 4096 BF16", one("BF16", []int64{side, side},
+			api.Block{Source: "t", Base: []int64{0, 0}, Coeff: []api.Index{{0, 1}, {1, 0}}}), goalTranspose},
+		{"BF16 mul 0.5, add 1", one("BF16", []int64{n}, api.Block{Source: "x", Base: []int64{0},
+			Coeff: []api.Index{{1}}, Post: &[]api.PostOp{{Op: api.Mul, Value: &half}, {Op: api.Add, Value: &unit}}}),
+			goalPost},
+		{"every other BF16 element", one("BF16", []int64{n},
+			api.Block{Source: "x", Base: []int64{0}, Coeff: []api.Index{{2}}}), goalEveryOther},
+		{"F8_E4M3 → BF16", one("BF16", []int64{n}, api.Block{Source: "f", Base: []int64{0}, Coeff: []api.Index{{1}}}),
+			goalE4M3},
+	} {
+		ds := through(k.req)
+		rel := float64(2*n) / ds[len(ds)/2].Seconds() / (float64(copied) / copyTime.Seconds())
+		rowsOf = append(rowsOf, row{k.name + " (32 MiB out)", throughput(2*n, ds),
+			fmt.Sprintf("%.2f× copy() %s", rel, k.goal)})
+	}
+	r.add("The same kernels end to end through the executor (a plan over a local file in the page cache, "+
+		"read, converted and written in order; default segments)", rowsOf...)
 }
 
 // controlPlaneScenario decodes and plans a DeepSeek-V3-sized table: 61 layers x 3 stacked expert

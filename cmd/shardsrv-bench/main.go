@@ -5,7 +5,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -33,7 +36,7 @@ var (
 	only = flag.String(
 		"only",
 		"",
-		"run only these scenarios (comma-separated: control,kernels,local,s3,gcs,azure); the report holds just them",
+		"run only these scenarios (comma-separated: control,kernels,local,s3,gcs,azure,cluster); the report holds just them",
 	)
 )
 
@@ -58,6 +61,10 @@ func main() {
 		}
 		defer os.RemoveAll(dir)
 	}
+	scratch = dir
+	if _, err := exec.LookPath("curl"); err != nil {
+		log.Fatal("curl is the client the plain handlers are measured with: install it")
+	}
 	bin := filepath.Join(dir, "shardsrv")
 	run("go", "build", "-o", bin, "./cmd/shardsrv")
 	r := &report{}
@@ -77,6 +84,9 @@ func main() {
 	}
 	if want("gcs") || want("azure") {
 		objectStoreScenarios(r, bin, dir)
+	}
+	if want("cluster") {
+		clusterScenarios(r, bin, dir)
 	}
 	if err := os.WriteFile(*out, []byte(r.markdown()), 0o644); err != nil {
 		log.Fatal(err)
@@ -134,6 +144,11 @@ func startServerEnv(bin, store string, env []string, extra ...string) *server {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
+	return startServerAt(bin, store, addr, env, extra...)
+}
+
+// startServerAt starts shardsrv on addr: replicas must know each other's addresses before they start.
+func startServerAt(bin, store, addr string, env []string, extra ...string) *server {
 	cmd := exec.Command(
 		bin,
 		append([]string{"serve", "--store", store, "--addr", addr, "--log-level", "warn"}, extra...)...)
@@ -214,15 +229,27 @@ func drain(r io.Reader) (int64, error) {
 }
 
 // timed runs f reps times and returns the durations, sorted.
-func timed(f func()) []time.Duration {
-	f() // warm-up: page cache, connections, buffer pools
-	var ds []time.Duration
-	for range *reps {
-		start := time.Now()
-		f()
-		ds = append(ds, time.Since(start))
+func timed(f func()) []time.Duration { return interleaved(f)[0] }
+
+// interleaved times several things side by side: each runs once to warm up, then all of them in
+// turn, reps times, so a burst of load from other processes on a small machine falls on all of
+// them alike rather than on whichever ran then. It returns each one's durations, sorted.
+func interleaved(fs ...func()) [][]time.Duration {
+	for _, f := range fs {
+		f() // warm-up: page cache, connections, buffer pools
 	}
-	return sortDurations(ds)
+	ds := make([][]time.Duration, len(fs))
+	for range *reps {
+		for i, f := range fs {
+			start := time.Now()
+			f()
+			ds[i] = append(ds[i], time.Since(start))
+		}
+	}
+	for _, d := range ds {
+		sortDurations(d)
+	}
+	return ds
 }
 
 func sortDurations(ds []time.Duration) []time.Duration {
@@ -245,42 +272,133 @@ func rowSlab(ckpt string, from, n int64, step int64, dtype api.DType) api.ShardR
 		Boxes: []api.Box{{Offsets: []int64{0, 0}, Lengths: shape}}, Blocks: &blocks}}}
 }
 
+// scratch holds the request bodies curl posts.
+var scratch string
+
+// declined is the request header that declines the response digest, and with it lets the server
+// send direct runs of local files by sendfile.
+const declined = "Want-Repr-Digest: sha-256=0"
+
+// curl is the client wherever a plain handler is the yardstick: faster than a Go client, it
+// shows the server's own cost. It fetches url into /dev/null, posting the JSON request body in
+// bodyFile when that is not empty, and fails the run unless the answer is a 200 of want bytes.
+func curl(url, bodyFile string, want int64, header ...string) {
+	args := []string{"-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download}"}
+	for _, h := range header {
+		args = append(args, "-H", h)
+	}
+	if bodyFile != "" {
+		args = append(args, "-H", "Content-Type: application/json", "--data-binary", "@"+bodyFile)
+	}
+	out, err := exec.Command("curl", append(args, url)...).Output()
+	var status, n int64
+	fmt.Sscanf(string(out), "%d %d", &status, &n)
+	if err != nil || status != 200 || n != want {
+		log.Fatalf("curl %s: %v: status %d, %d of %d bytes", url, err, status, n, want)
+	}
+}
+
+// bodyFile writes a shard request where curl posts it from.
+func bodyFile(req api.ShardRequest) string {
+	f, err := os.CreateTemp(scratch, "request-*.json")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer f.Close()
+	if err := json.NewEncoder(f).Encode(req); err != nil {
+		log.Fatal(err)
+	}
+	return f.Name()
+}
+
+// curlAll runs one curl per call at once and waits for them all.
+func curlAll(calls []func()) {
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Go(c)
+	}
+	wg.Wait()
+}
+
+// plainServer is the yardstick a server is measured against: a plain Go handler writing slices
+// of mem, a buffer in RAM the size of what it serves (not a small one the CPU cache keeps), with
+// their Content-Length, in 8 MiB writes. GET /?off=A&n=B serves mem[A:A+B], / all of it.
+func plainServer(mem []byte) (url string, stop func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		off, _ := strconv.Atoi(r.URL.Query().Get("off"))
+		n, err := strconv.Atoi(r.URL.Query().Get("n"))
+		if err != nil {
+			n = len(mem)
+		}
+		part := mem[off : off+n]
+		w.Header().Set("Content-Length", strconv.Itoa(len(part)))
+		for len(part) > 0 {
+			k := min(len(part), 8<<20)
+			w.Write(part[:k])
+			part = part[k:]
+		}
+	})}
+	go srv.Serve(ln)
+	return "http://" + ln.Addr().String(), func() { srv.Shutdown(context.Background()) }
+}
+
 func localScenarios(r *report, bin, store string) {
 	const gib = 1 << 30
-	// The baseline: a plain Go handler writing the same bytes from memory.
 	mem := make([]byte, gib)
 	for i := range mem {
 		mem[i] = byte(i)
 	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	plain := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(len(mem)))
-		for off := 0; off < len(mem); off += 8 << 20 {
-			w.Write(mem[off : off+8<<20])
-		}
-	})}
-	go plain.Serve(ln)
-	defer plain.Shutdown(context.Background())
-
+	plain, stop := plainServer(mem)
 	srv := startServer(bin, store)
-	direct := rowSlab("big", 0, gib/rowBytes, 1, api.BF16)  // rows [0, 16384): 1 GiB, one contiguous range
-	gather := rowSlab("big", 0, gib/rowBytes/2, 2, api.F32) // every other row of the same range, widened: 1 GiB out
-	base := timed(func() { fetch("http://"+ln.Addr().String()+"/", nil) })
-	dir := timed(func() { fetch("http://"+srv.addr+"/v1/shards", direct) })
-	gat := timed(func() { fetch("http://"+srv.addr+"/v1/shards", gather) })
+	copying := startServer(bin, store, "--no-sendfile")
+	direct := bodyFile(rowSlab("big", 0, gib/rowBytes, 1, api.BF16))  // rows [0, 16384): 1 GiB, one range
+	gather := bodyFile(rowSlab("big", 0, gib/rowBytes/2, 2, api.F32)) // every other row, widened: 1 GiB out
+	shards := "http://" + srv.addr + "/v1/shards"
+	ds := interleaved(
+		func() { curl(plain, "", gib) },
+		func() { curl(shards, direct, gib, declined) },
+		func() { curl("http://"+copying.addr+"/v1/shards", direct, gib, declined) },
+		func() { curl(shards, direct, gib) },
+		func() { curl(shards, gather, gib, declined) },
+		func() { curl(shards, gather, gib) },
+	)
+	base, dirOff, dirCopy, dirOn, gatOff, gatOn := ds[0], ds[1], ds[2], ds[3], ds[4], ds[5]
 	srv.stop()
+	copying.stop()
+	stop()
 	r.add(
-		"Local store, 1 GiB direct-path shard (row slab of a BF16 tensor), warm page cache, loopback",
-		row{"plain Go handler, same bytes from memory", throughput(gib, base), ""},
+		"Local store, 1 GiB direct-path shard (row slab of a BF16 tensor), warm page cache, loopback, "+
+			"curl as the client",
+		row{"plain Go handler, the same number of bytes from a 1 GiB buffer in RAM", throughput(gib, base), ""},
 		row{
-			"shardsrv direct path",
-			throughput(gib, dir),
-			fmt.Sprintf("%.2f× the plain handler (goal ≥ 0.7×)", ratio(base, dir)),
+			"shardsrv direct path, digest declined (sendfile)",
+			throughput(gib, dirOff),
+			fmt.Sprintf("%.2f× the plain handler (goal ≥ 0.9×)", ratio(base, dirOff)),
 		},
 		row{
-			"shardsrv gather path (every other row, BF16 → F32, 1 GiB out)",
-			throughput(gib, gat),
-			fmt.Sprintf("%.2f× the direct path (goal ≥ 0.5×)", ratio(dir, gat)),
+			"shardsrv direct path, digest declined, --no-sendfile (read into a 256 KiB buffer, write)",
+			throughput(gib, dirCopy),
+			fmt.Sprintf("%.2f× the plain handler; %.2f× sendfile", ratio(base, dirCopy), ratio(dirOff, dirCopy)),
+		},
+		row{
+			"shardsrv direct path, Repr-Digest trailer (read, SHA-256, write)",
+			throughput(gib, dirOn),
+			fmt.Sprintf("%.2f× the plain handler; the digest costs %.0f%% of the declined throughput",
+				ratio(base, dirOn), 100*(1-ratio(dirOff, dirOn))),
+		},
+		row{
+			"shardsrv gather path (every other row, BF16 → F32, 1 GiB out), digest declined",
+			throughput(gib, gatOff),
+			fmt.Sprintf("%.2f× the direct path (goal ≥ 0.5×)", ratio(dirOff, gatOff)),
+		},
+		row{
+			"shardsrv gather path, Repr-Digest trailer",
+			throughput(gib, gatOn),
+			fmt.Sprintf("%.2f× the gather path without it", ratio(gatOff, gatOn)),
 		},
 	)
 
@@ -300,6 +418,58 @@ func localScenarios(r *report, bin, store string) {
 			fmt.Sprintf("%d MiB streamed in %.1f s (goal ≤ 256 MiB)", n>>20, took.Seconds()),
 		},
 	)
+	concurrentStreams(r, bin, store)
+}
+
+// concurrentStreams: 256 clients at once, each a 64 MiB direct shard, on a fresh server with the
+// default memory budget; every answer must be a 200, and the peak RSS stay under the budget.
+func concurrentStreams(r *report, bin, store string) {
+	const clients, slab = 256, 64 << 20
+	var rows []row
+	for _, digest := range []bool{true, false} {
+		srv := startServer(bin, store)
+		statuses := map[int]int{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := range clients {
+			wg.Go(func() {
+				req := rowSlab("big", int64(i%32)*slab/rowBytes, slab/rowBytes, 1, api.BF16)
+				raw, _ := json.Marshal(req)
+				hreq, _ := http.NewRequest("POST", "http://"+srv.addr+"/v1/shards", bytes.NewReader(raw))
+				hreq.Header.Set("Content-Type", "application/json")
+				if !digest {
+					k, v, _ := strings.Cut(declined, ": ")
+					hreq.Header.Set(k, v)
+				}
+				status := 0
+				if res, err := client.Do(hreq); err == nil { // no retries: a 503 counts
+					if n, err := drain(res.Body); err == nil && n == slab {
+						status = res.StatusCode
+					}
+					res.Body.Close()
+				}
+				mu.Lock()
+				statuses[status]++
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		took := time.Since(start)
+		rss := srv.peakRSS()
+		srv.stop()
+		what := "Repr-Digest trailer"
+		if !digest {
+			what = "digest declined"
+		}
+		rows = append(rows, row{
+			fmt.Sprintf("%d clients at once, a 64 MiB direct shard each, %s", clients, what),
+			fmt.Sprintf("statuses %v in %.1f s (%.2f GB/s)", statuses, took.Seconds(),
+				float64(clients*slab)/took.Seconds()/1e9),
+			fmt.Sprintf("peak RSS %d MiB; goals: no 503, peak RSS ≤ --memory-bytes (1536 MiB)", rss>>20),
+		})
+	}
+	r.add("256 concurrent 64 MiB streams, local store, default settings (--memory-bytes 1.5 GiB)", rows...)
 }
 
 func throughput(bytes int64, ds []time.Duration) string {
@@ -347,7 +517,8 @@ func (r *report) markdown() string {
 		time.Now().UTC().Format("2006-01-02"),
 	)
 	fmt.Fprintf(&b, "Machine: %d cores (%s), %s, %s/%s. Each timed scenario runs once to warm up, then %d times; "+
-		"the table gives the median and the range. Baselines run in the same process run, so the ratios are what counts.\n\n",
+		"the table gives the median and the range. Baselines run in the same run, interleaved with what they are "+
+		"compared with (one of each in turn), so the ratios are what counts.\n\n",
 		runtime.NumCPU(), cpu, runtime.Version(), runtime.GOOS, runtime.GOARCH, *reps)
 	for _, s := range r.sections {
 		fmt.Fprintf(&b, "## %s\n\n| | measured | note |\n|---|---|---|\n", s.title)

@@ -32,6 +32,8 @@ Usage:
   shardsrv fetch   --request FILE -o OUT|-      fetch a shard into a file or stdout (progress on a terminal)
   shardsrv fetch   --checkpoint NAME --layout vllm --tp N --rank R|all --out DIR
                                                 write a directory vLLM loads with --load-format sharded_state
+  shardsrv prefetch --checkpoint NAME [--layout vllm --tp N --rank R|all]
+                                                warm the (shared) cache with a checkpoint or ranks
   shardsrv sign    --key KEY.pem DIR|s3://BUCKET/PREFIX
                                                 sign a checkpoint folder (OpenSSF Model Signing, model.sig)
   shardsrv verify  --trust-key PUB.pem DIR|s3://BUCKET/PREFIX
@@ -66,6 +68,8 @@ func main() {
 		err = verifyCmd(os.Args[2:], os.Stdout, os.Stderr)
 	case "layout":
 		err = layoutCmd(os.Args[2:], os.Stdout, os.Stderr)
+	case "prefetch":
+		err = prefetchCmd(os.Args[2:], os.Stdout, os.Stderr)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

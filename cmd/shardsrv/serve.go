@@ -19,6 +19,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/cluster"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/gcsstore"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -42,6 +43,7 @@ type config struct {
 	limits      server.Limits
 	planner     planner.Options
 	verify      verify.Config
+	cluster     cluster.Config
 	tokensFile  string
 	grace       time.Duration
 	drainDelay  time.Duration
@@ -69,6 +71,7 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 	c.planner.RegisterFlags(fs)
 	c.limits.RegisterFlags(fs)
 	c.verify.RegisterFlags(fs)
+	c.cluster.RegisterFlags(fs)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it "+
@@ -156,7 +159,11 @@ func (c *config) validate() error {
 		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
 	}
 	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.gcs.Validate(), c.azure.Validate(),
-		c.planner.Validate(), c.executor.Validate(), c.cache.Validate(), c.verify.Validate())
+		c.planner.Validate(), c.executor.Validate(), c.cache.Validate(), c.verify.Validate(),
+		c.cluster.Validate())
+	if c.cluster.Enabled() && c.cache.Bytes == 0 {
+		errs = append(errs, errors.New("--peers and --peers-dns share the cache: they need --cache-bytes"))
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level: %v", err))
@@ -204,20 +211,19 @@ func serve(args []string, stderr io.Writer) error {
 		telemetry.ObserveVerify(tel.Meter, verifier)
 		st = verifier
 	}
-	if c.cache.Bytes > 0 {
-		cached, err := cache.New(st, c.cache.Bytes, c.cache.ChunkBytes)
-		if err != nil {
-			return err
-		}
-		telemetry.ObserveCache(tel.Meter, cached)
-		st = cached
-		c.planner.Align = c.cache.ChunkBytes
-	}
 	var tokens *server.Tokens
 	if c.tokensFile != "" {
 		if tokens, err = server.LoadTokens(c.tokensFile, server.TokensOptions{Logger: log}); err != nil {
 			return err
 		}
+	}
+	var shared *server.Cluster
+	if c.cache.Bytes > 0 {
+		if shared, err = openCluster(c, st, tel, tokens, log); err != nil {
+			return err
+		}
+		st = shared.Cache
+		c.planner.Align = c.cache.ChunkBytes
 	}
 	executorConfig := c.executor
 	executorConfig.MaxRead = c.planner.MaxRead
@@ -233,6 +239,7 @@ func serve(args []string, stderr io.Writer) error {
 		Tracer:   tel.Tracer,
 		Meter:    tel.Meter,
 		Metrics:  tel.Metrics,
+		Cluster:  shared,
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {

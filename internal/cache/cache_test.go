@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -56,13 +57,30 @@ func TestConcurrentMissesShareOneFetch(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	// [10000, 60000) touches chunks 2..14: 13 chunks of 4 KiB, each read once.
-	if counting.Bytes() != 13*4096 || counting.Reads() != 13 {
-		t.Errorf("storage saw %d bytes in %d reads, want %d in 13", counting.Bytes(), counting.Reads(), 13*4096)
+	// [10000, 60000) touches chunks 2..14: 13 chunks of 4 KiB, each read once, all in one run.
+	if counting.Bytes() != 13*4096 || counting.Reads() != 1 {
+		t.Errorf("storage saw %d bytes in %d reads, want %d in 1", counting.Bytes(), counting.Reads(), 13*4096)
 	}
 	st := c.Stats()
 	if st.BytesFromStore != 13*4096 || st.Hits+st.Misses != 32*13 || st.FillsInFlight != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// Adjacent missing chunks are filled by one read; a cached chunk splits the run.
+func TestRunsOfMissingChunksAreReadTogether(t *testing.T) {
+	c, counting, info, data, _ := setup(t, 100_000)
+	ctx := context.Background()
+	if err := c.ReadAt(ctx, "f", info.Version, make([]byte, 10), 5*4096); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 10*4096)
+	if err := c.ReadAt(ctx, "f", info.Version, p, 0); err != nil || !bytes.Equal(p, data[:len(p)]) {
+		t.Fatalf("read: %v", err)
+	}
+	if counting.Reads() != 3 || counting.Bytes() != 10*4096 {
+		t.Errorf("storage saw %d bytes in %d reads; want chunk 5, then 0..4 and 6..9: 10 chunks in 3 reads",
+			counting.Bytes(), counting.Reads())
 	}
 }
 
@@ -157,5 +175,67 @@ func TestReplacedFileIsNeverServedFromStaleChunks(t *testing.T) {
 	put("f", bytes.Repeat([]byte{9}, 10_001))
 	if err := c.ReadAt(context.Background(), "f", info.Version, p, 0); !errors.Is(err, store.ErrChanged) {
 		t.Errorf("reading the old version from a warm cache: %v, want ErrChanged", err)
+	}
+}
+
+// slowWriter collects what is written, yielding between writes so other readers evict and refill
+// chunks meanwhile.
+type slowWriter struct{ bytes.Buffer }
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	written := len(p)
+	for len(p) > 0 {
+		n := min(len(p), 512)
+		w.Buffer.Write(p[:n])
+		p = p[n:]
+		time.Sleep(10 * time.Microsecond)
+	}
+	return written, nil
+}
+
+// Sections and reads of many goroutines over a cache of four chunks, which every one of them
+// evicts from under the others: a chunk a section still references is never recycled into
+// another fill, so every section writes exactly its bytes.
+func TestEvictionNeverRecyclesAChunkBeingWritten(t *testing.T) {
+	inner, put := local(t)
+	data := make([]byte, 256<<10)
+	for i := range data {
+		data[i] = byte(i*13 + i>>12) // no two chunks alike
+	}
+	put("f", data)
+	info, _ := inner.Stat(context.Background(), "f")
+	small, err := cache.New(inner, 4*4096, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 20 {
+				off := int64((g*7919 + i*4099) % (len(data) - 20_000))
+				ranges := []store.Range{{Offset: off, Length: 12_000}, {Offset: off + 15_000, Length: 3_000}}
+				sec, err := small.Section(context.Background(), "f", info.Version, ranges)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				var w slowWriter
+				sec.WriteTo(&w)
+				sec.Close()
+				want := append(slices.Clone(data[off:off+12_000]), data[off+15_000:off+18_000]...)
+				if !bytes.Equal(w.Bytes(), want) {
+					t.Errorf("goroutine %d, section %d: other bytes than the file's", g, i)
+				}
+				p := make([]byte, 9_000)
+				if err := small.ReadAt(context.Background(), "f", info.Version, p, off+1); err != nil ||
+					!bytes.Equal(p, data[off+1:off+9_001]) {
+					t.Errorf("goroutine %d, read %d: %v", g, i, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if st := small.Stats(); st.Evictions == 0 {
+		t.Errorf("stats %+v: nothing was evicted, the test proves nothing", st)
 	}
 }

@@ -1,15 +1,29 @@
 // Package executor runs plans: it produces a plan's body in order, a bounded window of segments at
-// a time, reading each segment's byte ranges from the store in parallel into pooled buffers,
-// gathering and converting them into the output, and handing the finished segments to the caller
-// in body order.
+// a time, and writes the finished segments to the caller's writer in body order.
+//
+// A segment the plan reads straight from files (direct runs tiling it, no fill, no conversion) is
+// not copied into a buffer of its own when the store can write it out itself (store.Sectioner):
+// a local file goes to the socket by sendfile (or, under a writer that hashes the body, through
+// one small buffer), cached chunks are written from the cache. Every other segment — gathered,
+// converted, or direct from an object store, whose parallel ranged reads need buffers to land
+// in — is read into pooled buffers and written from them.
+//
+// Memory is charged for what a segment really holds: its buffers, the cached chunks its sections
+// reference, or for a file section the 256 KiB it may be copied through. A buffered segment is
+// charged the most it may take (its output and its read buffers) while it is produced, then its
+// output until it is written. Each stream holds at most StreamBytes; all streams together at most
+// MemoryBytes.
 package executor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/bits"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -29,10 +43,15 @@ import (
 
 // Executor reads from one store. It is safe for concurrent use.
 type Executor struct {
-	store store.Store
+	store     store.Store
+	sectioner store.Sectioner // the store, when it can write ranges out itself
 	// window is how many segments of one stream are in flight or waiting to be written.
 	window  int
 	maxRead int64
+	// streamBytes is the most memory one stream holds.
+	streamBytes int64
+	socketBytes int64
+	sendfile    bool
 	// memory holds the bytes of every segment buffer and read buffer of every stream.
 	memory      *semaphore.Weighted
 	memoryBytes int64
@@ -47,8 +66,11 @@ var ErrBusy = errors.New("the server's memory budget for streams is spent")
 
 // Config sizes an executor.
 type Config struct {
-	// Window is how many segments of one stream are read ahead of the writer.
+	// Window is how many segments of one stream are read ahead of the writer, at most.
 	Window int
+	// StreamBytes is the most memory one stream's segments hold at once (0: DefaultStreamBytes);
+	// a segment bigger than it runs alone.
+	StreamBytes int64
 	// MaxRead splits longer reads into parallel requests.
 	MaxRead int64
 	// MemoryBytes bounds the segment and read buffers of all streams together. Its flag is the
@@ -56,13 +78,24 @@ type Config struct {
 	MemoryBytes int64
 	// AdmitWait is how long a new stream may wait for memory before it is refused (ErrBusy).
 	AdmitWait time.Duration
+	// SocketBytes is the most of a body the kernel may hold between a socket write and the
+	// client's read (0: this host's TCP buffer maxima); that much of a body's end is not sent
+	// from files.
+	SocketBytes int64
+	// NoSendfile copies file sections through a buffer even to a writer that could take them by
+	// sendfile.
+	NoSendfile bool
 	// Tracer records a span per segment's gather; nil records nothing.
 	Tracer trace.Tracer
 }
 
-// The defaults of the tunables a flag sets.
+// The defaults of the tunables a flag sets. 16 MiB a stream holds four of the object-store
+// segments (planner.ObjectStoreOptions) in flight, or a local gather segment and its reads while
+// the one before it is written; 256 streams of file sections (1 MiB each) fit the default budget
+// six times over.
 const (
 	DefaultWindow      = 4
+	DefaultStreamBytes = 16 << 20
 	DefaultAdmitWait   = 5 * time.Second
 	DefaultMemoryBytes = 1536 << 20
 )
@@ -70,21 +103,26 @@ const (
 // RegisterFlags registers the executor's tunables on fs, with their defaults; the read size comes
 // from the planner's flags.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	c.MemoryBytes = DefaultMemoryBytes
+	c.MemoryBytes, c.StreamBytes = DefaultMemoryBytes, DefaultStreamBytes
 	fs.Var(bytesize.Value{P: &c.MemoryBytes}, "memory-bytes",
 		"memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; "+
 			"a request that finds it spent waits --admit-wait, then gets a 503")
+	fs.Var(bytesize.Value{P: &c.StreamBytes}, "stream-bytes",
+		"most memory (`SIZE`) one response's buffers hold: segments are read ahead of the writer while they fit; "+
+			"segments sent from local files hold 256 KiB at most")
+	fs.BoolVar(&c.NoSendfile, "no-sendfile", false,
+		"copy byte ranges of local files to clients that decline the digest through a 256 KiB buffer instead "+
+			"of sending them by sendfile (to a client on this host or one over a veth pair, copying can be faster)")
 	fs.IntVar(&c.Window, "window", DefaultWindow,
-		"segments of one response read ahead of the writer; memory per stream is about window x "+
-			"(segment-bytes + segment-read-bytes)")
+		"most segments of one response read ahead of the writer (--stream-bytes bounds their memory)")
 	fs.DurationVar(&c.AdmitWait, "admit-wait", DefaultAdmitWait,
 		"how long a new stream waits for memory before it is refused with 503 and Retry-After")
 }
 
 // Validate reports settings no stream can run with.
 func (c *Config) Validate() error {
-	if c.Window < 1 || c.AdmitWait < 0 || c.MemoryBytes <= 0 {
-		return errors.New("--window and --memory-bytes must be positive, --admit-wait at least 0")
+	if c.Window < 1 || c.AdmitWait < 0 || c.MemoryBytes <= 0 || c.StreamBytes <= 0 {
+		return errors.New("--window, --stream-bytes and --memory-bytes must be positive, --admit-wait at least 0")
 	}
 	return nil
 }
@@ -94,10 +132,21 @@ func New(s store.Store, cfg Config) *Executor {
 	if cfg.Tracer == nil {
 		cfg.Tracer = noop.NewTracerProvider().Tracer("")
 	}
+	if cfg.StreamBytes <= 0 {
+		cfg.StreamBytes = DefaultStreamBytes
+	}
+	if cfg.SocketBytes <= 0 {
+		cfg.SocketBytes = hostSocketBytes
+	}
+	sc, _ := s.(store.Sectioner)
 	return &Executor{
 		store:       s,
+		sectioner:   sc,
 		window:      max(1, cfg.Window),
 		maxRead:     cfg.MaxRead,
+		streamBytes: cfg.StreamBytes,
+		socketBytes: cfg.SocketBytes,
+		sendfile:    !cfg.NoSendfile,
 		memory:      semaphore.NewWeighted(cfg.MemoryBytes),
 		memoryBytes: cfg.MemoryBytes,
 		admitWait:   cfg.AdmitWait,
@@ -111,14 +160,14 @@ func (e *Executor) Budget() int64 { return e.memoryBytes }
 // BytesInFlight is how much of the memory budget buffers hold now.
 func (e *Executor) BytesInFlight() int64 { return e.inFlight.Load() }
 
-// weight is the memory a segment holds while it is produced: its output and its read buffers,
-// never more than the whole budget (a segment bigger than the budget runs alone).
-func (e *Executor) weight(seg *planner.Segment) int64 {
+// weight is the most memory a segment takes while it is produced: its output and its read
+// buffers.
+func weight(seg *planner.Segment) int64 {
 	w := seg.Bytes
 	for _, r := range seg.Spans {
 		w += r.Length
 	}
-	return min(w, e.memoryBytes)
+	return w
 }
 
 func (e *Executor) acquire(ctx context.Context, w int64) error {
@@ -134,19 +183,32 @@ func (e *Executor) release(w int64) {
 	e.memory.Release(w)
 }
 
+// admit acquires n bytes of the budget, waiting at most AdmitWait (none: at once or never):
+// ErrBusy after it.
+func (e *Executor) admit(ctx context.Context, n int64) error {
+	if e.memory.TryAcquire(n) {
+		e.inFlight.Add(n)
+		return nil
+	}
+	actx, cancel := context.WithTimeout(ctx, e.admitWait)
+	err := e.acquire(actx, n)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return ErrBusy
+	}
+	return nil
+}
+
 // Reserve holds n bytes of the memory budget (at most all of it) for memory that is not a
 // segment's, such as a plan while it is built and streamed, waiting at most AdmitWait; release
 // gives back all or part of it, once per byte. ErrBusy when the budget stays spent.
 func (e *Executor) Reserve(ctx context.Context, n int64) (release func(n int64), err error) {
 	n = min(max(n, 0), e.memoryBytes)
-	actx, cancel := context.WithTimeout(ctx, e.admitWait)
-	err = e.acquire(actx, n)
-	cancel()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, ErrBusy
+	if err := e.admit(ctx, n); err != nil {
+		return nil, err
 	}
 	left := n
 	return func(k int64) { // called by one goroutine: the reservation's owner
@@ -156,7 +218,7 @@ func (e *Executor) Reserve(ctx context.Context, n int64) (release func(n int64),
 	}, nil
 }
 
-// Stream is one plan being produced. Next returns the body in order; Close must be called.
+// Stream is one plan being produced. WriteTo writes the body; Close must be called.
 type Stream struct {
 	e       *Executor
 	ctx     context.Context // the stream's: done when the request's is, or at Close
@@ -164,124 +226,292 @@ type Stream struct {
 	header  []byte
 	results []chan result // one per segment, each written exactly once
 	next    int
-	slots   chan struct{} // the window: a slot per segment read but not yet written
-	held    *result       // the segment last returned by Next, released on the following call
+	slots   chan struct{}       // the window: a slot per segment read but not yet written
+	own     *semaphore.Weighted // the stream's share of memory, StreamBytes
+	body    int64               // the body's length
+	// sendfile is whether the writer takes file sections by ReadFrom (a socket's sendfile);
+	// otherwise they are copied.
+	sendfile bool
+	// sent is the last section sent of each file by sendfile, kept open: its Close confirms the
+	// file's version once the socket can no longer read the file's pages.
+	sent map[string]store.Section
 }
 
+// copyBytes is the buffer a file section is copied through when it does not go by sendfile:
+// reads of this size cost little beside writing them.
+const copyBytes = 256 << 10
+
+// charge is memory a segment holds against the whole budget and against its stream's share, each
+// capped at its bound: a segment bigger than either runs alone.
+type charge struct{ all, own int64 }
+
+func (s *Stream) chargeOf(n int64) charge {
+	return charge{min(n, s.e.memoryBytes), min(n, s.e.streamBytes)}
+}
+
+func (s *Stream) release(c charge) {
+	s.e.release(c.all)
+	s.own.Release(c.own)
+}
+
+// result is a produced segment: parts to write in order, what to give back once they are.
 type result struct {
-	buf    *[]byte
-	n      int64
-	weight int64 // memory the segment holds until it is written
+	parts  []part
+	buf    *[]byte // the pooled buffer the bytes are in
+	send   bool    // its sections are files the socket may take by sendfile
+	charge charge
 	err    error
+}
+
+// part is bytes in memory, or a section the store writes out.
+type part struct {
+	b   []byte
+	sec store.Section
+	key string // the file and version of a section
 }
 
 // Stream starts producing a plan's body: the first window of segments begins reading at once.
 // It returns ErrBusy when the memory budget cannot take the first segment within AdmitWait; later
-// segments wait for memory (backpressure).
-func (e *Executor) Stream(ctx context.Context, p *planner.Plan) (*Stream, error) {
+// segments wait for memory (backpressure). sendfile says the writer WriteTo will get takes files
+// by ReadFrom (a socket, with nothing to see the bytes on their way): file sections then hold no
+// memory; otherwise they are copied through a buffer they are charged for.
+func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (*Stream, error) {
 	var segs []*planner.Segment
 	for i := range p.Items {
 		for j := range p.Items[i].Segments {
 			segs = append(segs, &p.Items[i].Segments[j])
 		}
 	}
-	var first int64
-	if len(segs) > 0 {
-		first = e.weight(segs[0])
-		actx, cancel := context.WithTimeout(ctx, e.admitWait)
-		err := e.acquire(actx, first)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, ErrBusy
-		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
 	s := &Stream{
-		e:       e,
-		ctx:     ctx,
-		cancel:  cancel,
-		header:  p.Header,
-		results: make([]chan result, len(segs)),
-		slots:   make(chan struct{}, e.window),
+		e:        e,
+		header:   p.Header,
+		results:  make([]chan result, len(segs)),
+		slots:    make(chan struct{}, e.window),
+		own:      semaphore.NewWeighted(e.streamBytes),
+		body:     p.BodyBytes,
+		sendfile: sendfile && e.sendfile,
+		sent:     map[string]store.Section{},
 	}
+	var first job
+	if len(segs) > 0 {
+		first = s.job(segs[0])
+		if err := e.admit(ctx, first.charge.all); err != nil {
+			return nil, err
+		}
+		s.own.TryAcquire(first.charge.own) // a new stream holds nothing yet
+	}
+	s.ctx, s.cancel = context.WithCancel(ctx)
 	for i := range s.results {
 		s.results[i] = make(chan result, 1)
 	}
-	go func() {
-		for i, seg := range segs {
-			w := e.weight(seg)
-			var err error
-			select {
-			case s.slots <- struct{}{}:
-				if i > 0 {
-					err = e.acquire(ctx, w)
-				}
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-			if err != nil {
-				if i == 0 {
-					e.release(first)
-				}
-				for _, ch := range s.results[i:] {
-					ch <- result{err: err}
-				}
-				return
-			}
-			go func() {
-				buf, err := e.produce(ctx, seg)
-				s.results[i] <- result{buf: buf, n: seg.Bytes, weight: w, err: err}
-			}()
-		}
-	}()
+	go s.produce(segs, first)
 	return s, nil
 }
 
-// Next returns the next part of the body, valid until the following call, and nil at the end. A
-// storage failure is returned as an error; the stream is then unusable.
-func (s *Stream) Next() ([]byte, error) {
-	s.recycle()
+// job is a segment to produce: from sections of the store when runs are its direct runs, else
+// in a buffer; charge is the most memory it takes while it is produced.
+type job struct {
+	seg    *planner.Segment
+	runs   []planner.Read
+	send   bool // its sections are files the socket may take by sendfile
+	charge charge
+}
+
+// job plans a segment. File sections in the body's last SocketBytes are copied, not sent: the
+// socket reads a section's pages after sendfile returns, so a file's version is confirmed a last
+// time only once the copied bytes after its sections have pushed them out of the kernel's
+// buffers — which the body's last byte then waits for. A file section that is copied is charged
+// the buffer it is copied through.
+func (s *Stream) job(seg *planner.Segment) job {
+	if runs := tiling(seg); runs != nil && s.e.sectioner != nil {
+		held := s.e.sectioner.SectionMemory(seg.Bytes)
+		files := held == 0
+		send := files && s.sendfile && seg.Output+seg.Bytes <= s.body-s.e.socketBytes
+		if files && !send {
+			held = min(copyBytes, seg.Bytes)
+		}
+		return job{seg: seg, runs: runs, send: send, charge: s.chargeOf(held)}
+	}
+	return job{seg: seg, charge: s.chargeOf(weight(seg))}
+}
+
+// produce starts each segment once it has a window slot and memory. A buffered segment gives
+// back its read buffers' share once it is produced.
+func (s *Stream) produce(segs []*planner.Segment, first job) {
+	ctx := s.ctx
+	for i, seg := range segs {
+		j := first
+		var err error
+		select {
+		case s.slots <- struct{}{}:
+			if i > 0 {
+				j = s.job(seg)
+				if err = s.own.Acquire(ctx, j.charge.own); err == nil {
+					if err = s.e.acquire(ctx, j.charge.all); err != nil {
+						s.own.Release(j.charge.own)
+					}
+				}
+			}
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if err != nil {
+			if i == 0 {
+				s.release(first.charge)
+			}
+			for _, ch := range s.results[i:] {
+				ch <- result{err: err}
+			}
+			return
+		}
+		go func() {
+			r := s.e.produce(ctx, j)
+			r.send = j.send
+			r.charge = j.charge // sections hold what they were charged
+			switch {
+			case r.err != nil:
+				r.charge = charge{}
+			case j.runs == nil: // the read buffers are back in their pool, the output is held
+				r.charge = s.chargeOf(seg.Bytes)
+			}
+			s.release(charge{j.charge.all - r.charge.all, j.charge.own - r.charge.own})
+			s.results[i] <- r
+		}()
+	}
+}
+
+// WriteTo writes the body to w in order, each segment as soon as it is ready. A failure — of
+// storage, or of w — is returned as an error, possibly after part of the body was written; the
+// stream is then unusable. File sections go to w's ReadFrom (a socket's sendfile) when the stream
+// was made for one, and are copied otherwise; the body's last byte is written only once every
+// file sent by sendfile has confirmed its version.
+func (s *Stream) WriteTo(w io.Writer) (int64, error) {
+	out := &body{s: s, w: w}
 	if s.header != nil {
 		h := s.header
 		s.header = nil
-		return h, nil
+		if _, err := out.Write(h); err != nil {
+			return out.n, err
+		}
 	}
-	if s.next == len(s.results) {
-		return nil, nil
+	for s.next < len(s.results) {
+		// A read that never returns (a hung mount) must not hold the caller past its context: the
+		// result is then drained by Close whenever it comes.
+		var r result
+		select {
+		case r = <-s.results[s.next]:
+		case <-s.ctx.Done():
+			return out.n, s.ctx.Err()
+		}
+		s.next++
+		err := r.err
+		for i := range r.parts {
+			p := &r.parts[i]
+			switch {
+			case p.sec == nil:
+				_, err = out.Write(p.b)
+			case r.send:
+				var m int64
+				m, err = p.sec.WriteTo(w)
+				if out.n += m; err == nil {
+					err = s.keep(p)
+				}
+			default:
+				_, err = p.sec.WriteTo(out)
+			}
+			if err != nil {
+				break
+			}
+		}
+		s.free(r)
+		if err != nil {
+			return out.n, err
+		}
+		<-s.slots
 	}
-	// A read that never returns (a hung mount) must not hold the caller past its context: the
-	// result is then drained by Close whenever it comes.
-	var r result
-	select {
-	case r = <-s.results[s.next]:
-	case <-s.ctx.Done():
-		return nil, s.ctx.Err()
-	}
-	s.next++
-	if r.err != nil {
-		s.e.free(r)
-		return nil, r.err
-	}
-	s.held = &r
-	return (*r.buf)[:r.n], nil
+	return out.n, nil
 }
 
-// free returns what a produced segment holds: its buffer and its memory (the caller gives back
-// its window slot).
-func (e *Executor) free(r result) {
-	if r.buf != nil {
-		putBuf(r.buf)
+// body is the stream's writer of the body to w: it counts the bytes, copies file sections
+// through a buffer, and writes the body's last byte only once the files sent by
+// sendfile have confirmed their versions.
+type body struct {
+	s *Stream
+	w io.Writer
+	n int64
+}
+
+func (b *body) Write(p []byte) (int, error) {
+	if b.n+int64(len(p)) != b.s.body || len(b.s.sent) == 0 || len(p) == 0 {
+		k, err := b.w.Write(p)
+		b.n += int64(k)
+		return k, err
 	}
-	if r.weight > 0 {
-		e.release(r.weight)
+	k, err := b.w.Write(p[:len(p)-1])
+	if b.n += int64(k); err != nil {
+		return k, err
 	}
+	if err := b.s.confirm(); err != nil {
+		return k, err
+	}
+	m, err := b.w.Write(p[len(p)-1:])
+	b.n += int64(m)
+	return k + m, err
+}
+
+// ReadFrom copies a file section through a buffer its segment was charged for: one copy, and none
+// of the file's pages left in the socket.
+func (b *body) ReadFrom(r io.Reader) (int64, error) {
+	pooled := getBuf(copyBytes)
+	defer putBuf(pooled)
+	buf := (*pooled)[:copyBytes]
+	var n int64
+	for {
+		m, err := io.ReadFull(r, buf)
+		if m > 0 {
+			if _, err := b.Write(buf[:m]); err != nil {
+				return n, err
+			}
+			n += int64(m)
+		}
+		switch err {
+		case nil:
+		case io.EOF, io.ErrUnexpectedEOF:
+			return n, nil
+		default:
+			return n, err
+		}
+	}
+}
+
+// keep holds a section sent by sendfile open in place of the file's one before, which it closes.
+func (s *Stream) keep(p *part) error {
+	before := s.sent[p.key]
+	s.sent[p.key], p.sec = p.sec, nil
+	if before != nil {
+		return before.Close()
+	}
+	return nil
+}
+
+// confirm closes the sections kept, each confirming its file's version.
+func (s *Stream) confirm() error {
+	var errs []error
+	for key, sec := range s.sent {
+		errs = append(errs, sec.Close())
+		delete(s.sent, key)
+	}
+	return errors.Join(errs...)
+}
+
+// free returns what a produced segment holds: its sections, its buffer and its memory.
+func (s *Stream) free(r result) {
+	discard(r)
+	s.release(r.charge)
 }
 
 // Prime waits until the first segment is ready, so a failure of the first read is known before a
-// response is committed. The segment is still returned by Next.
+// response is committed. The segment is still written by WriteTo.
 func (s *Stream) Prime() error {
 	if len(s.results) == 0 {
 		return nil
@@ -295,27 +525,87 @@ func (s *Stream) Prime() error {
 	}
 }
 
-func (s *Stream) recycle() {
-	if s.held != nil {
-		s.e.free(*s.held)
-		s.held = nil
-		<-s.slots
-	}
-}
-
 // Close stops the stream and releases its buffers.
 func (s *Stream) Close() {
-	s.recycle()
+	s.confirm()
 	s.cancel()
 	go func() { // drain what is still in flight without holding up the caller
 		for _, ch := range s.results[s.next:] {
-			s.e.free(<-ch)
+			s.free(<-ch)
 		}
 	}()
 }
 
-// produce fills one segment: fill value, direct reads into place, span reads, then gathers.
-func (e *Executor) produce(ctx context.Context, seg *planner.Segment) (*[]byte, error) {
+// produce makes one segment: as sections of the files it is read from, or in a buffer.
+func (e *Executor) produce(ctx context.Context, j job) result {
+	if j.runs != nil {
+		return e.sections(ctx, j.runs)
+	}
+	buf, err := e.gather(ctx, j.seg)
+	if err != nil {
+		return result{err: err}
+	}
+	return result{parts: []part{{b: (*buf)[:j.seg.Bytes]}}, buf: buf}
+}
+
+// tiling is a segment's direct runs in body order when they are the whole segment, nil otherwise.
+func tiling(seg *planner.Segment) []planner.Read {
+	if seg.Fill != nil || len(seg.Kernels) > 0 || len(seg.Spans) > 0 || len(seg.Direct) == 0 {
+		return nil
+	}
+	runs := slices.SortedFunc(slices.Values(seg.Direct),
+		func(a, b planner.Read) int { return cmp.Compare(a.Dst, b.Dst) })
+	var at int64
+	for _, r := range runs {
+		if r.Dst != at {
+			return nil
+		}
+		at += r.Length
+	}
+	if at != seg.Bytes {
+		return nil
+	}
+	return runs
+}
+
+// sections pins a segment's runs as sections, one for each stretch of runs of one file.
+func (e *Executor) sections(ctx context.Context, runs []planner.Read) result {
+	var r result
+	for len(runs) > 0 {
+		k := 1
+		for k < len(runs) && runs[k].Key == runs[0].Key && runs[k].Version == runs[0].Version {
+			k++
+		}
+		ranges := make([]store.Range, k)
+		for j, run := range runs[:k] {
+			ranges[j] = store.Range{Offset: run.Offset, Length: run.Length}
+		}
+		sec, err := e.sectioner.Section(ctx, runs[0].Key, runs[0].Version, ranges)
+		if err != nil {
+			discard(r)
+			return result{err: err}
+		}
+		r.parts = append(r.parts, part{sec: sec, key: runs[0].Key + "@" + runs[0].Version})
+		runs = runs[k:]
+	}
+	return r
+}
+
+// discard closes a result's sections and returns its buffer.
+func discard(r result) {
+	for _, p := range r.parts {
+		if p.sec != nil {
+			p.sec.Close()
+		}
+	}
+	if r.buf != nil {
+		putBuf(r.buf)
+	}
+}
+
+// gather fills one segment's buffer: fill value, direct reads into place, span reads, then the
+// kernels.
+func (e *Executor) gather(ctx context.Context, seg *planner.Segment) (*[]byte, error) {
 	buf := getBuf(seg.Bytes)
 	out := (*buf)[:seg.Bytes]
 	if seg.Fill != nil {

@@ -439,27 +439,27 @@ func propertyCase(t *testing.T, seed uint64) {
 	if err != nil {
 		t.Fatalf("plan: %v\nrequest: %+v", err, req)
 	}
-	stream, err := executor.New(st, executor.Config{
+	var from store.Store = st // file sections for direct segments
+	if r.IntN(2) == 0 {
+		from = struct{ store.Store }{st} // every segment through buffers
+	}
+	stream, err := executor.New(from, executor.Config{
 		Window:      1 + r.IntN(4),
+		StreamBytes: 1 + r.Int64N(4096),
+		SocketBytes: 1 + r.Int64N(64),
 		MaxRead:     opts.MaxRead,
 		MemoryBytes: 1 + r.Int64N(4096),
 		AdmitWait:   time.Second,
-	}).Stream(context.Background(), plan)
+	}).Stream(context.Background(), plan, r.IntN(2) == 0) // file sections sent, or copied
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stream.Close()
-	var body []byte
-	for {
-		chunk, err := stream.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if chunk == nil {
-			break
-		}
-		body = append(body, chunk...)
+	var out bytes.Buffer
+	if _, err := stream.WriteTo(readFromBuffer{&out}); err != nil {
+		t.Fatal(err)
 	}
+	body := out.Bytes()
 	if int64(len(body)) != plan.BodyBytes {
 		t.Fatalf("body is %d bytes, Content-Length says %d", len(body), plan.BodyBytes)
 	}

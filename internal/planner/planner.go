@@ -112,20 +112,23 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-// DefaultOptions suit a local disk: 8 MiB segments, 64 KiB of gap worth a request, 16 MiB reads,
-// no read more than 16 times what it needs, at most 1 Mi reads, a 1 TiB body and a 256 MiB plan.
+// DefaultOptions suit a local disk: 4 MiB segments reading at most 8 MiB (a gathered one and the
+// one before it, waiting to be written, fit the executor's 16 MiB a stream; direct ones are sent
+// from the file and hold nothing), 64 KiB of gap worth a request, 16 MiB reads, no read more
+// than 16 times what it needs, at most 1 Mi reads, a 1 TiB body and a 256 MiB plan.
 func DefaultOptions() Options {
-	return Options{SegmentBytes: 8 << 20, SegmentReadBytes: 16 << 20, MaxGap: 64 << 10, MaxRead: 16 << 20,
+	return Options{SegmentBytes: 4 << 20, SegmentReadBytes: 8 << 20, MaxGap: 64 << 10, MaxRead: 16 << 20,
 		MaxReads: DefaultMaxReads, MaxOverread: DefaultMaxOverread, MaxOutputBytes: DefaultMaxOutputBytes,
 		MaxPlanBytes: DefaultMaxPlanBytes}
 }
 
 // ObjectStoreOptions suit object stores (S3 and kin). A request costs about 1 MiB of transfer
-// (10-20 ms at 50-100 MB/s per connection), so gaps up to that are read through; 8 MiB parts keep
-// the connections busy; bigger segments keep more of them in flight.
+// (10-20 ms at 50-100 MB/s per connection), so gaps up to that are read through. Direct runs are
+// read into buffers ahead of the writer, a segment a request: 4 MiB segments put four ranged
+// GETs in flight within the executor's 16 MiB a stream, and many streams keep many more.
 func ObjectStoreOptions() Options {
 	o := DefaultOptions()
-	o.MaxGap, o.MaxRead, o.SegmentBytes, o.SegmentReadBytes = 1<<20, 8<<20, 16<<20, 32<<20
+	o.MaxGap, o.MaxRead = 1<<20, 4<<20
 	return o
 }
 

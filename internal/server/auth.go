@@ -128,16 +128,29 @@ func (t *Tokens) refresh() {
 	t.log.Error("every bearer token is revoked until the tokens file holds one again", "err", err)
 }
 
-// Valid reports whether token is one of the tokens, comparing in constant time. The file is read
-// again at most once per Reload.
-func (t *Tokens) Valid(token string) bool {
+// list returns the tokens, reading the file again at most once per Reload.
+func (t *Tokens) list() [][]byte {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if time.Since(t.checked) >= t.reload {
 		t.checked = time.Now()
 		t.refresh()
 	}
-	tokens := t.tokens
-	t.mu.Unlock()
+	return t.tokens
+}
+
+// First returns the file's first token, "" while it holds none: what a replica presents to its
+// peers, so a rotation lists the new secret second, then first, then alone.
+func (t *Tokens) First() string {
+	if tokens := t.list(); len(tokens) > 0 {
+		return string(tokens[0])
+	}
+	return ""
+}
+
+// Valid reports whether token is one of the tokens, comparing in constant time.
+func (t *Tokens) Valid(token string) bool {
+	tokens := t.list()
 	ok := 0
 	for _, want := range tokens {
 		ok |= subtle.ConstantTimeCompare([]byte(token), want)

@@ -23,9 +23,13 @@ import (
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/azstore"
+	"github.com/shardsrv/shardsrv/internal/azstore/aztest"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/gcsstore"
+	"github.com/shardsrv/shardsrv/internal/gcsstore/gcstest"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
@@ -88,7 +92,8 @@ type harness struct {
 
 var buckets atomic.Int64
 
-// eachStore runs a test against a server over the local store and over S3 (versitygw).
+// eachStore runs a test against a server over the local store (alone, cached, and signed under
+// --verify required), S3 (versitygw), GCS (fake-gcs-server) and Azure Blob (Azurite).
 func eachStore(t *testing.T, opts planner.Options, f func(t *testing.T, h *harness)) {
 	t.Run("local", func(t *testing.T) {
 		dir := t.TempDir()
@@ -112,6 +117,10 @@ func eachStore(t *testing.T, opts planner.Options, f func(t *testing.T, h *harne
 		aligned.Align = 4 << 10
 		f(t, newHarness(t, aligned, st, localPut(t, dir)))
 	})
+	t.Run("local+verify", func(t *testing.T) {
+		st, put, _ := signedLocal(t)
+		f(t, newHarness(t, opts, st, put))
+	})
 	t.Run("s3", func(t *testing.T) {
 		g := s3test.Start(t)
 		bucket := fmt.Sprintf("bucket-%d", buckets.Add(1))
@@ -124,6 +133,32 @@ func eachStore(t *testing.T, opts planner.Options, f func(t *testing.T, h *harne
 			t.Fatal(err)
 		}
 		f(t, newHarness(t, opts, st, func(key string, data []byte) { g.Put(t, bucket, "models/"+key, data) }))
+	})
+	t.Run("gcs", func(t *testing.T) {
+		g := gcstest.Start(t)
+		bucket := fmt.Sprintf("bucket-%d", buckets.Add(1))
+		g.CreateBucket(t, bucket)
+		st, err := gcsstore.New(
+			context.Background(),
+			gcsstore.Config{Bucket: bucket, Prefix: "models", Endpoint: g.Endpoint},
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(t, newHarness(t, opts, st, func(key string, data []byte) { g.Put(t, bucket, "models/"+key, data) }))
+	})
+	t.Run("azure", func(t *testing.T) {
+		a := aztest.Start(t)
+		container := fmt.Sprintf("container-%d", buckets.Add(1))
+		a.CreateContainer(t, container)
+		st, err := azstore.New(
+			context.Background(),
+			azstore.Config{Account: aztest.Account, Container: container, Prefix: "models", Endpoint: a.Endpoint},
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(t, newHarness(t, opts, st, func(key string, data []byte) { a.Put(t, container, "models/"+key, data) }))
 	})
 }
 
@@ -194,6 +229,7 @@ func (h *harness) do(method, path string, body any) response {
 	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/problem+json") {
 		json.Unmarshal(out.body, &out.problem)
 	}
+	checkDigest(h.t, res, out.body)
 	h.validate(req, raw, res, out.body)
 	return out
 }

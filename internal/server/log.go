@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/shardsrv/shardsrv/internal/cluster"
 )
 
 // recorder notes the status and body bytes of a response.
@@ -38,6 +41,16 @@ func (r *recorder) Write(b []byte) (int, error) {
 	}
 	n, err := r.ResponseWriter.Write(b)
 	r.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the connection's sendfile reachable through the recorder.
+func (r *recorder) ReadFrom(src io.Reader) (int64, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	n, err := readFrom(r.ResponseWriter, src)
+	r.bytes += n
 	return n, err
 }
 
@@ -140,7 +153,7 @@ var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": t
 // authenticate checks the bearer token when the server has tokens.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.Tokens == nil || openPaths[r.URL.Path] {
+		if s.cfg.Tokens == nil || openPaths[r.URL.Path] || r.URL.Path == cluster.PeerPath { // see peerAuth
 			next.ServeHTTP(w, r)
 			return
 		}

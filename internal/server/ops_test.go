@@ -193,12 +193,13 @@ func TestOverloadIsShedWith503(t *testing.T) {
 
 func TestMemoryBudgetShedsLoad(t *testing.T) {
 	// Room for one 8 MiB segment, more than socket buffers take: a stalled stream holds it, the
-	// next stream waits 100 ms for memory, then gets a 503.
+	// next stream waits 100 ms for memory, then gets a 503. The segments are buffered, as an
+	// object store's are: sent from the file, they would hold no memory.
 	e := opsServer(t, func(c *server.Config, st store.Store) {
 		c.Planner.SegmentBytes = 8 << 20
 		c.Limits.WriteTimeout = 5 * time.Second
 		c.Executor = executor.New(
-			st,
+			struct{ store.Store }{st},
 			executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 9 << 20, AdmitWait: 100 * time.Millisecond},
 		)
 	})

@@ -43,8 +43,8 @@ func TestSeedBlocksFillOneTensorFromTwo(t *testing.T) {
 		if res.status != 200 || !slices.Equal(readF32(res.body), want) {
 			t.Fatalf("%d %v, want %v", res.status, readF32(res.body), want)
 		}
-		if res.header.Get("Content-Length") != "72" {
-			t.Errorf("Content-Length %q", res.header.Get("Content-Length"))
+		if res.header.Get("Shard-Length") != "72" {
+			t.Errorf("Shard-Length %q", res.header.Get("Shard-Length"))
 		}
 	})
 }

@@ -59,6 +59,8 @@ type Config struct {
 	Tracer  trace.TracerProvider
 	Meter   metric.MeterProvider
 	Metrics http.Handler
+	// Cluster, when set, is the chunk cache /v1/prefetch warms and the peer route serves (cluster.go).
+	Cluster *Cluster
 }
 
 // Limits protect the service from requests that would take more than their share.
@@ -84,7 +86,7 @@ const (
 	DefaultMaxBodyBytes   = 64 << 20
 	DefaultMaxTensors     = 65536
 	DefaultMaxBlocks      = 1 << 20
-	DefaultMaxStreams     = 64
+	DefaultMaxStreams     = 256
 	DefaultRequestTimeout = 30 * time.Minute
 	DefaultWriteTimeout   = time.Minute
 	DefaultBodyTimeout    = 30 * time.Second
@@ -252,6 +254,7 @@ func (s *Server) Handler() http.Handler {
 			},
 		)
 	})
+	s.routePeers(r)
 	return gen.HandlerWithOptions(s, gen.ChiServerOptions{
 		BaseRouter: r,
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -831,8 +834,14 @@ func (s *Server) plan(
 	return plan, func() { giveBack(held) }, nil
 }
 
-// PostShards streams a shard. The response is committed only once the first segment has been
-// read; after that a failure aborts the connection so the client sees a short body.
+// PostShards streams a shard. The response is committed only once the first segment is ready
+// and its first byte is written; after that a failure aborts the connection so the client sees a
+// short body.
+//
+// The body trails a Repr-Digest unless the client declines it (digest.go). Over HTTP/1.1 a
+// trailer needs the chunked coding, which excludes Content-Length, so the length is then in
+// Shard-Length alone; without the digest (or over HTTP/2) Content-Length carries it too, and
+// segments read straight from local files go to the socket by sendfile.
 func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
@@ -845,7 +854,8 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	s.metrics.streams.Add(ctx, 1)
 	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
-	stream, err := s.cfg.Executor.Stream(ctx, plan)
+	digest := sendsDigest(r)
+	stream, err := s.cfg.Executor.Stream(ctx, plan, !digest)
 	if err != nil {
 		writeProblem(w, r, toProblem(err))
 		return
@@ -856,40 +866,99 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, toProblem(err))
 		return
 	}
-	contentType := "application/octet-stream"
-	if plan.Format == api.Safetensors {
-		contentType = "application/vnd.safetensors"
+	// The response is committed when its first byte is written: a file section confirms its
+	// version only as it is sent, and one that fails first is still a problem.
+	commit := func() {
+		h := w.Header()
+		h.Set("Content-Type", "application/octet-stream")
+		if plan.Format == api.Safetensors {
+			h.Set("Content-Type", "application/vnd.safetensors")
+		}
+		length := strconv.FormatInt(plan.BodyBytes, 10)
+		h.Set("Shard-Length", length)
+		if digest {
+			h.Set("Trailer", "Repr-Digest")
+		}
+		if !digest || r.ProtoMajor >= 2 {
+			h.Set("Content-Length", length)
+		}
+		w.WriteHeader(http.StatusOK)
 	}
-	w.Header().Set("Content-Type", contentType)
-	w.Header().Set("Content-Length", strconv.FormatInt(plan.BodyBytes, 10))
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	for {
-		chunk, err := stream.Next()
-		if err == nil && chunk == nil {
-			s.metrics.streamed(ctx, plan, time.Since(start))
+	sock := &socket{w: w, rc: http.NewResponseController(w), timeout: s.cfg.Limits.WriteTimeout, commit: commit}
+	var body io.Writer = sock
+	var dg *digester
+	if digest {
+		dg = newDigester(body)
+		body = dg
+	}
+	if _, err := stream.WriteTo(body); err != nil {
+		s.cfg.Catalog.ReadFailed(plan.Checkpoint, err)
+		if sock.commit != nil {
+			writeProblem(w, r, toProblem(err))
 			return
 		}
-		if err == nil {
-			rc.SetWriteDeadline(time.Now().Add(s.cfg.Limits.WriteTimeout))
-			_, err = w.Write(chunk)
+		if r.Context().Err() == nil {
+			s.log.Error(
+				"aborting a shard stream after its headers were sent",
+				"err",
+				err,
+				"checkpoint",
+				plan.Checkpoint,
+				"request_id",
+				middleware.GetReqID(r.Context()),
+			)
 		}
-		if err != nil {
-			s.cfg.Catalog.ReadFailed(plan.Checkpoint, err)
-			if r.Context().Err() == nil {
-				s.log.Error(
-					"aborting a shard stream after its headers were sent",
-					"err",
-					err,
-					"checkpoint",
-					plan.Checkpoint,
-					"request_id",
-					middleware.GetReqID(r.Context()),
-				)
-			}
-			panic(http.ErrAbortHandler)
-		}
+		// The connection is cut before the body's last byte (or, chunked, before its end): the
+		// client sees a failed transfer, and a digest of it is never sent.
+		panic(http.ErrAbortHandler)
 	}
+	sock.begin() // an empty body wrote nothing
+	if digest {
+		w.Header().Set("Repr-Digest", dg.value())
+	}
+	s.metrics.streamed(ctx, plan, time.Since(start))
+}
+
+// socket writes a response body: it commits the response before its first byte, every write
+// gets WriteTimeout to complete, so a stalled client lets go of its buffers, and ReadFrom hands a
+// file on to the connection's sendfile.
+type socket struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	commit  func() // nil once called
+}
+
+// begin commits the response, once.
+func (s *socket) begin() {
+	if s.commit != nil {
+		s.commit()
+		s.commit = nil
+	}
+}
+
+func (s *socket) start() {
+	s.begin()
+	s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
+}
+
+func (s *socket) Write(p []byte) (int, error) {
+	s.start()
+	return s.w.Write(p)
+}
+
+func (s *socket) ReadFrom(r io.Reader) (int64, error) {
+	s.start()
+	return readFrom(s.w, r)
+}
+
+// readFrom copies r to w through w's ReadFrom when it has one — the connection's, which sends a
+// file by sendfile — and through a buffer otherwise (HTTP/2, TLS).
+func readFrom(w io.Writer, r io.Reader) (int64, error) {
+	if rf, ok := w.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{w}, r)
 }
 
 // PostPlan answers the plan without reading tensor data. Planning costs what it costs for a

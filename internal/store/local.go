@@ -49,6 +49,15 @@ import (
 // without multigrain timestamps), a write in the same clock tick (1-10 ms) as the change the first
 // fstat saw, when there is no lease. A write that starts after the second fstat does not touch
 // the bytes this read returned; the next read of the response sees the new version and fails.
+//
+// # Sections
+//
+// Section hands ranges of the open file to a writer, which a socket sends by sendfile, under the
+// same checks: lease and version before the first byte, version after the last (fileSection).
+// sendfile does not copy: the socket reads the file's pages as it transmits, after the checks, so
+// a section's Close confirms the version once more, and its caller closes it only once the socket
+// holds none of its bytes (the executor copies the body's end for that) — a write in between is
+// then seen there, and the response aborted.
 type Local struct {
 	dir  string
 	root *os.Root
@@ -119,52 +128,95 @@ func (l *Local) Stat(ctx context.Context, key string) (Info, error) {
 	return Info{Size: fi.Size(), Version: version(fi)}, nil
 }
 
-// testHookAfterRead, when set, runs between a read and the fstat that confirms it.
+// testHookAfterRead, when set, runs between a read (or a section's writes) and the fstat that
+// confirms it.
 var testHookAfterRead func(key string)
 
-// ReadAt implements Store. It opens the file without blocking, refuses anything but a regular
-// file, and confirms the version on the open handle before and after the read.
-func (l *Local) ReadAt(ctx context.Context, key, ver string, p []byte, off int64) error {
+// open opens a version of a file without blocking, refuses anything but a regular file, and
+// returns the handle with its version (fstat on it), which must be ver when ver is not empty.
+func (l *Local) open(ctx context.Context, key, ver string) (*os.File, fs.FileInfo, string, error) {
 	if err := ValidateKey(key); err != nil {
-		return err
+		return nil, nil, "", err
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, nil, "", err
 	}
 	// O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. It
 	// changes nothing for a regular file, which is all this store reads.
 	f, err := l.root.OpenFile(key, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
-		return l.mapErr(key, err)
+		return nil, nil, "", l.mapErr(key, err)
 	}
-	defer f.Close()
-	before, err := f.Stat()
+	fail := func(err error) (*os.File, fs.FileInfo, string, error) {
+		f.Close()
+		return nil, nil, "", err
+	}
+	fi, err := f.Stat()
 	if err != nil {
-		return l.mapErr(key, err)
+		return fail(l.mapErr(key, err))
 	}
-	if !before.Mode().IsRegular() {
+	if !fi.Mode().IsRegular() {
 		if ver != "" { // it was a regular file when its version was taken
-			return fmt.Errorf("%s: %q: %w: it is no longer a regular file", what, key, ErrChanged)
+			return fail(fmt.Errorf("%s: %q: %w: it is no longer a regular file", what, key, ErrChanged))
 		}
-		return fmt.Errorf("%s: %q: %w: not a regular file", what, key, ErrNotFound)
+		return fail(fmt.Errorf("%s: %q: %w: not a regular file", what, key, ErrNotFound))
 	}
-	v := version(before)
+	v := version(fi)
 	if ver != "" && v != ver {
-		return fmt.Errorf("%s: %q: %w", what, key, ErrChanged)
+		return fail(fmt.Errorf("%s: %q: %w", what, key, ErrChanged))
 	}
+	return f, fi, v, nil
+}
+
+// inRange checks [off, off+n) against a file's size.
+func inRange(key string, off, n, size int64) error {
+	if off < 0 || n < 0 || off+n > size {
+		return fmt.Errorf("%s: %q: %w: [%d, %d) of %d bytes", what, key, ErrOutOfRange, off, off+n, size)
+	}
+	return nil
+}
+
+// lease takes the read lease before bytes are read from f: refused, a writer has the file open.
+func lease(f *os.File, key string) error {
 	if readLease(f) == leaseWriterOpen {
 		return fmt.Errorf("%s: %q: %w: another process has it open for writing", what, key, ErrChanged)
 	}
-	if off < 0 || off+int64(len(p)) > before.Size() {
-		return fmt.Errorf(
-			"%s: %q: %w: [%d, %d) of %d bytes",
-			what,
-			key,
-			ErrOutOfRange,
-			off,
-			off+int64(len(p)),
-			before.Size(),
-		)
+	return nil
+}
+
+// confirm checks, after bytes were read from f, that the file is still version v.
+func (l *Local) confirm(f *os.File, key, v string) error {
+	if testHookAfterRead != nil {
+		testHookAfterRead(key)
+	}
+	return l.still(f, key, v, "it was written to during the read")
+}
+
+// still checks that the file open as f is version v; why says what it means when it is not.
+func (l *Local) still(f *os.File, key, v, why string) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return l.mapErr(key, err)
+	}
+	if version(fi) != v {
+		return fmt.Errorf("%s: %q: %w: %s", what, key, ErrChanged, why)
+	}
+	return nil
+}
+
+// ReadAt implements Store. It opens the file without blocking, refuses anything but a regular
+// file, and confirms the version on the open handle before and after the read.
+func (l *Local) ReadAt(ctx context.Context, key, ver string, p []byte, off int64) error {
+	f, fi, v, err := l.open(ctx, key, ver)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := lease(f, key); err != nil {
+		return err
+	}
+	if err := inRange(key, off, int64(len(p)), fi.Size()); err != nil {
+		return err
 	}
 	if _, err := f.ReadAt(p, off); err != nil {
 		if err == io.EOF { // truncated between fstat and the read
@@ -172,17 +224,78 @@ func (l *Local) ReadAt(ctx context.Context, key, ver string, p []byte, off int64
 		}
 		return l.mapErr(key, err)
 	}
-	if testHookAfterRead != nil {
-		testHookAfterRead(key)
-	}
-	after, err := f.Stat()
+	return l.confirm(f, key, v)
+}
+
+// Section implements Sectioner: it opens the file and checks its version and the ranges now;
+// the Section's WriteTo hands the open file to the writer, which a socket sends by sendfile.
+func (l *Local) Section(ctx context.Context, key, ver string, ranges []Range) (Section, error) {
+	f, fi, v, err := l.open(ctx, key, ver)
 	if err != nil {
-		return l.mapErr(key, err)
+		return nil, err
 	}
-	if version(after) != v {
-		return fmt.Errorf("%s: %q: %w: it was written to during the read", what, key, ErrChanged)
+	for _, r := range ranges {
+		if err := inRange(key, r.Offset, r.Length, fi.Size()); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
-	return nil
+	return &fileSection{l: l, f: f, key: key, version: v, ranges: ranges}, nil
+}
+
+// SectionMemory implements Sectioner: a file section holds a file handle, no memory.
+func (l *Local) SectionMemory(int64) int64 { return 0 }
+
+// fileSection is ranges of an open file, written under the same guarantees as ReadAt: the read
+// lease is taken and the version confirmed on the handle before the first byte is written, and
+// confirmed again after the last, when the lease is given up.
+//
+// A socket that sends a file by sendfile does not copy the bytes then: it queues references to
+// the file's pages, which it reads as it transmits — or, to a client on this host, which the
+// client reads from when it reads. A write to the file after WriteTo can still change bytes the
+// client has not read. So Close confirms the version once more, and the caller closes a section
+// only once the socket holds none of its bytes, and aborts on ErrChanged: every write that could
+// have reached the client is then seen.
+type fileSection struct {
+	l       *Local
+	f       *os.File
+	key     string
+	version string
+	ranges  []Range
+}
+
+func (s *fileSection) WriteTo(w io.Writer) (int64, error) {
+	if err := lease(s.f, s.key); err != nil {
+		return 0, err
+	}
+	defer releaseLease(s.f)
+	if err := s.l.still(s.f, s.key, s.version, "it was written to before it was sent"); err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, r := range s.ranges {
+		// sendfile sends from the file's offset: seek, then a LimitedReader over the *os.File,
+		// the form net.TCPConn.ReadFrom recognizes.
+		if _, err := s.f.Seek(r.Offset, io.SeekStart); err != nil {
+			return n, s.l.mapErr(s.key, err)
+		}
+		m, err := io.Copy(w, &io.LimitedReader{R: s.f, N: r.Length})
+		n += m
+		if err != nil {
+			return n, err
+		}
+		if m < r.Length { // truncated since the version was confirmed
+			return n, fmt.Errorf("%s: %q: %w: it ended early", what, s.key, ErrChanged)
+		}
+	}
+	return n, s.l.confirm(s.f, s.key, s.version)
+}
+
+// Close confirms the version a last time, and closes the file.
+func (s *fileSection) Close() error {
+	err := s.l.still(s.f, s.key, s.version, "it was written to while it was being sent")
+	s.f.Close()
+	return err
 }
 
 // List implements Store.

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -87,5 +88,40 @@ func TestLocalWriterWaitsForTheRead(t *testing.T) {
 	}
 	if at := <-opened; at.Before(slept) {
 		t.Errorf("the writer opened the file %v before the read ended", slept.Sub(at))
+	}
+}
+
+// A file section gives its lease up once written, so a writer need not wait for it to be closed,
+// and its Close confirms the version once more: a socket may still be reading the file's pages.
+func TestFileSectionCloseConfirmsTheVersion(t *testing.T) {
+	s, p, info := localFile(t)
+	for _, change := range []bool{false, true} {
+		sec, err := s.Section(context.Background(), "f", info.Version, []Range{{Offset: 2, Length: 4}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := sec.WriteTo(io.Discard); n != 4 || err != nil {
+			t.Fatalf("WriteTo: %d, %v", n, err)
+		}
+		opened := make(chan error, 1)
+		go func() {
+			w, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err == nil {
+				w.Close()
+			}
+			opened <- err
+		}()
+		select {
+		case <-opened:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a writer waited for a section that was written but not closed")
+		}
+		if change {
+			os.Chmod(p, 0o600)
+		}
+		if err := sec.Close(); change != errors.Is(err, ErrChanged) {
+			t.Errorf("Close after a change %v: %v", change, err)
+		}
+		info, _ = s.Stat(context.Background(), "f")
 	}
 }

@@ -48,3 +48,10 @@ func readLease(f *os.File) leaseState {
 	}
 	return leaseUnavailable
 }
+
+// releaseLease gives up f's read lease, so writers need not wait for f to be closed.
+func releaseLease(f *os.File) {
+	if rc, err := f.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { syscall.Syscall(syscall.SYS_FCNTL, fd, syscall.F_SETLEASE, syscall.F_UNLCK) })
+	}
+}

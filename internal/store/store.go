@@ -29,14 +29,18 @@ type Store interface {
 // Sectioner is a store that can write byte ranges of a file out itself, so bytes a response
 // does not change need not be copied into a buffer of the caller's: a local file goes to a socket
 // by sendfile, cached chunks are written from the cache. A store without it (an object store) is
-// read with ReadAt into read-ahead buffers; wrappers that must see every byte (a verifying store)
-// leave it out, and their callers fall back to ReadAt.
+// read with ReadAt into read-ahead buffers; a wrapper implements it only over a store that does,
+// and never when it must see every byte (a verifying store).
 type Sectioner interface {
 	// Section pins ranges of one version of key, to be written out in order by the Section. It
 	// checks what it can at once (the key, the version, the ranges against the size), so a
 	// failure is known before anything is written; the caller must Close the Section.
-	// errors.ErrUnsupported means this store (or the store a wrapper wraps) cannot: use ReadAt.
 	Section(ctx context.Context, key, version string, ranges []Range) (Section, error)
+	// SectionMemory is the memory a Section of n bytes keeps from being freed or reused until it
+	// is closed — n for cached chunks, written out by copy; 0 for a section sent from a file,
+	// whose Close must wait for the socket — for the caller to charge to its memory budget before
+	// it pins one.
+	SectionMemory(n int64) int64
 }
 
 // Range is a byte range of a file.
@@ -49,10 +53,10 @@ type Section interface {
 	// bytes of another version may already have been written: the caller must then abort what it
 	// wrote them into. It is called at most once.
 	WriteTo(w io.Writer) (int64, error)
-	// Memory is how many bytes of memory the Section keeps from being freed or reused until
-	// Close (cached chunks it references), for the caller's memory budget; 0 for a file handle.
-	Memory() int64
-	// Close releases what the Section pins.
+	// Close releases what the Section pins. A Section sent from a file confirms the file's version
+	// once more (ErrChanged): a socket may read the file's pages after WriteTo returned (sendfile
+	// queues references to them), so the caller closes it once the socket holds none of its
+	// bytes, and aborts on an error.
 	Close() error
 }
 

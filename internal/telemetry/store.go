@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"io"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -21,8 +22,9 @@ type Store struct {
 	requests metric.Int64Counter
 }
 
-// InstrumentStore wraps s; put it under the cache so it sees what storage sees.
-func InstrumentStore(s store.Store, tp trace.TracerProvider, mp metric.MeterProvider) *Store {
+// InstrumentStore wraps s; put it under the cache so it sees what storage sees. Over a
+// store.Sectioner it is a *SectionStore, so sections stay available through it.
+func InstrumentStore(s store.Store, tp trace.TracerProvider, mp metric.MeterProvider) store.Store {
 	m := mp.Meter("shardsrv/store")
 	bytes, _ := m.Int64Counter(
 		"shardsrv.storage.read",
@@ -33,10 +35,17 @@ func InstrumentStore(s store.Store, tp trace.TracerProvider, mp metric.MeterProv
 		"shardsrv.storage.requests",
 		metric.WithDescription("Storage requests, by operation and outcome"),
 	)
-	return &Store{next: s, tracer: tp.Tracer("shardsrv/store"), bytes: bytes, requests: requests}
+	st := &Store{next: s, tracer: tp.Tracer("shardsrv/store"), bytes: bytes, requests: requests}
+	if sc, ok := s.(store.Sectioner); ok {
+		return &SectionStore{Store: st, next: sc}
+	}
+	return st
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store     = (*Store)(nil)
+	_ store.Sectioner = (*SectionStore)(nil)
+)
 
 func (s *Store) count(ctx context.Context, op string, err error) {
 	outcome := "ok"
@@ -59,6 +68,47 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 	}
 	s.bytes.Add(ctx, int64(len(p)))
 	return nil
+}
+
+// SectionStore is Store over a store.Sectioner, and one itself.
+type SectionStore struct {
+	*Store
+	next store.Sectioner
+}
+
+// Section implements store.Sectioner. Its span covers the opening; the bytes are counted as they
+// are written out.
+func (s *SectionStore) Section(ctx context.Context, key, version string, ranges []store.Range) (store.Section, error) {
+	var n int64
+	for _, r := range ranges {
+		n += r.Length
+	}
+	ctx, span := s.tracer.Start(ctx, "store.section", trace.WithAttributes(
+		attribute.String("key", key), attribute.Int("ranges", len(ranges)), attribute.Int64("length", n)))
+	defer span.End()
+	sec, err := s.next.Section(ctx, key, version, ranges)
+	s.count(ctx, "section", err)
+	if err != nil {
+		fail(span, err)
+		return nil, err
+	}
+	return &countedSection{Section: sec, bytes: s.bytes, ctx: context.WithoutCancel(ctx)}, nil
+}
+
+// SectionMemory implements store.Sectioner.
+func (s *SectionStore) SectionMemory(n int64) int64 { return s.next.SectionMemory(n) }
+
+// countedSection adds what a section writes out to the storage read counter.
+type countedSection struct {
+	store.Section
+	bytes metric.Int64Counter
+	ctx   context.Context // the section's span, for the counter's exemplars
+}
+
+func (c *countedSection) WriteTo(w io.Writer) (int64, error) {
+	n, err := c.Section.WriteTo(w)
+	c.bytes.Add(c.ctx, n)
+	return n, err
 }
 
 // Stat implements store.Store.

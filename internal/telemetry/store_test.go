@@ -23,7 +23,8 @@ func TestInstrumentedStoreConformance(t *testing.T) {
 	}})
 }
 
-// Every method of the store interface leaves a span.
+// Every method of the store interface, and of store.Sectioner over a store that has it, leaves a
+// span.
 func TestEveryStoreMethodIsTraced(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	local, put := storetest.Local(t)
@@ -38,11 +39,28 @@ func TestEveryStoreMethodIsTraced(t *testing.T) {
 	s.ReadAt(ctx, "m/a", info.Version, make([]byte, 2), 0)
 	s.List(ctx, "m")
 	s.Check(ctx)
+	sec, err := s.(store.Sectioner).Section(ctx, "m/a", info.Version, []store.Range{{Offset: 1, Length: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec.Close()
 	var names []string
 	for _, sp := range spans.Ended() {
 		names = append(names, sp.Name())
 	}
-	if want := []string{"store.stat", "store.read", "store.list", "store.check"}; !slices.Equal(names, want) {
+	want := []string{"store.stat", "store.read", "store.list", "store.check", "store.section"}
+	if !slices.Equal(names, want) {
 		t.Errorf("spans %v, want %v", names, want)
+	}
+}
+
+// Over a store without sections the instrumented store has none either, so callers read through
+// ReadAt.
+func TestNoSectionsOverAStoreWithout(t *testing.T) {
+	local, _ := storetest.Local(t)
+	s := telemetry.InstrumentStore(struct{ store.Store }{local}, tracenoop.NewTracerProvider(),
+		metricnoop.NewMeterProvider())
+	if _, ok := s.(store.Sectioner); ok {
+		t.Error("the instrumented store offers sections its store does not have")
 	}
 }

@@ -10,16 +10,25 @@ Standard library only. numpy and torch are used when installed, by ``to_numpy`` 
     table = c.layout("llama-tiny", rank)             # the explicit table the layout expands to
     raw = c.fetch("llama-tiny", tensors=table)       # an explicit (perhaps edited) table
     raw = c.fetch({"checkpoint": "llama-tiny", "tensors": table})   # or a whole request body
+    body, digest = c.fetch_verified("llama-tiny", layout=rank)   # and the digest it was checked against
 
 The server lays out whole models from the checkpoint's config.json, so the layouts live in one
 place; a table of your own goes in ``tensors`` (see README.md for blocks and boxes).
+
+Every shard the server sends carries its SHA-256 in an RFC 9530 ``Repr-Digest`` trailer; each fetch
+hashes the body as it reads it and checks it, retrying a mismatch like a broken body and raising
+``DigestError`` when the attempts run out. ``Client(..., digest=False)`` declines the trailer.
 """
 
+import base64
+import binascii
 import ctypes
 import email.utils
+import hashlib
 import http.client
 import json
 import logging
+import os
 import random
 import ssl
 import struct
@@ -28,7 +37,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-__all__ = ["Client", "ProblemError", "ShortBodyError", "parse_safetensors", "to_numpy", "to_torch"]
+__all__ = ["Client", "DigestError", "ProblemError", "ShortBodyError", "parse_safetensors", "to_numpy", "to_torch"]
 
 log = logging.getLogger("shardsrv")
 
@@ -44,7 +53,8 @@ class ProblemError(Exception):
     """An RFC 9457 problem the server answered with."""
 
     def __init__(self, status, title, detail=None, errors=None, type_=None):
-        self.status, self.title, self.detail, self.errors, self.type = status, title, detail, errors or [], type_
+        self.status, self.title, self.detail = status, title, detail
+        self.errors, self.type = errors or [], type_
         self.retry_after = None
         lines = [f"shardsrv: {status} {title}" + (f": {detail}" if detail else "")]
         lines += [f"  {e.get('pointer')}: {e.get('detail')}" for e in self.errors]
@@ -56,18 +66,33 @@ class ProblemError(Exception):
 
 
 class ShortBodyError(Exception):
-    """The body ended before its Content-Length: the stream was aborted."""
+    """The body's length was not the one announced (Content-Length, or Shard-Length for a chunked
+    body): the stream was aborted, or it ran past its length (got is then above want)."""
 
     def __init__(self, got, want):
         self.got, self.want = got, want
-        super().__init__(f"shardsrv: the body ended after {got} of {want} bytes")
+        if got > want:
+            super().__init__(f"shardsrv: the body ran past its length of {want} bytes")
+        else:
+            super().__init__(f"shardsrv: the body ended after {got} of {want} bytes")
+
+
+class DigestError(Exception):
+    """A body whose SHA-256 is not the Repr-Digest trailer the server sent after it: bytes changed
+    between the server and here. got and want are RFC 9530 values ("sha-256=:BASE64:"; want is the
+    trailer as sent). Retried like a short body, raised when the attempts run out."""
+
+    def __init__(self, got, want):
+        self.got, self.want = got, want
+        super().__init__(f"shardsrv: the body's digest is {got}, the server sent {want}: it was damaged in transit")
 
 
 def _transient(e):
-    """Whether another attempt may cure e: overload, storage trouble, a broken connection."""
+    """Whether another attempt may cure e: overload, storage trouble, a broken connection, a
+    body damaged in transit."""
     if isinstance(e, ProblemError):
         return e.retryable
-    if isinstance(e, ShortBodyError):
+    if isinstance(e, (ShortBodyError, DigestError)):
         return True
     if isinstance(e, urllib.error.URLError):  # HTTPError never gets here: _open makes it a ProblemError
         e = e.reason  # a str for what no retry cures (an unknown URL type)
@@ -93,24 +118,142 @@ def _quote(name):
 
 
 def _length(res):
-    n = res.headers.get("Content-Length")
-    return int(n) if n is not None else -1
+    """The body's announced length: its Content-Length or, for a chunked body (which carries the
+    digest trailer and so cannot have a Content-Length), the server's Shard-Length; -1 if neither."""
+    for name in ("Content-Length", "Shard-Length"):
+        n = res.headers.get(name)
+        if n is not None and n.strip().isascii() and n.strip().isdigit():
+            return int(n)
+    return -1
 
 
-def _read_into(res, view, total, progress):
-    """Reads the body straight into view (no intermediate buffer); returns the bytes read."""
+# Trailers. The server sends a shard chunked, its SHA-256 in a Repr-Digest trailer field after the
+# last chunk. http.client reads the trailer section and drops it, in HTTPResponse's private method
+# _read_and_discard_trailer (present, with the same role, in CPython 3.8 through 3.13), and has no
+# public way to get it. _TrailerResponse overrides that one hook to keep the fields; everything
+# else is http.client's. Connections make their responses from response_class, so the client's
+# opener uses connection classes that name it. Should a later Python stop calling the hook, the
+# trailer is simply not seen: the body is then checked for its length only, and a warning says so.
+
+class _TrailerResponse(http.client.HTTPResponse):
+    """An HTTPResponse that keeps a chunked body's trailer fields in ``trailers`` (an
+    http.client.HTTPMessage), set once the body was read to its end; None until then, and for a
+    body that is not chunked."""
+
+    trailers = None
+
+    def _read_and_discard_trailer(self):  # overrides a private hook: see above
+        trailers = http.client.HTTPMessage()
+        count = 0
+        while True:
+            line = self.fp.readline(http.client._MAXLINE + 1)
+            if len(line) > http.client._MAXLINE:
+                raise http.client.LineTooLong("trailer line")
+            if line in (b"\r\n", b"\n", b""):  # b"": the peer closed without the final CRLF
+                break
+            count += 1
+            if count > http.client._MAXHEADERS:
+                raise http.client.HTTPException(f"got more than {http.client._MAXHEADERS} trailer fields")
+            name, sep, value = line.decode("iso-8859-1").partition(":")
+            if sep and name.strip():
+                trailers[name.strip()] = value.strip()
+        self.trailers = trailers
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    response_class = _TrailerResponse
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    response_class = _TrailerResponse
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def do_open(self, http_class, req, **kw):
+        return super().do_open(_HTTPConnection, req, **kw)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    # do_open, not https_open: what https_open passes on differs between Python versions.
+    def do_open(self, http_class, req, **kw):
+        return super().do_open(_HTTPSConnection, req, **kw)
+
+
+_warned_no_trailers = False
+
+
+def _sha256_of(field):
+    """The sha-256 member of a Repr-Digest field value (an RFC 8941 dictionary, perhaps naming
+    other algorithms too), as bytes; None when it has none; b"" when it is not a byte sequence."""
+    for member in field.split(","):
+        key, _, value = member.split(";", 1)[0].strip().partition("=")
+        if key.strip() != "sha-256":
+            continue
+        value = value.strip()
+        if len(value) < 2 or value[0] != ":" or value[-1] != ":":
+            return b""
+        try:
+            return base64.b64decode(value[1:-1], validate=True)
+        except (binascii.Error, ValueError):
+            return b""
+    return None
+
+
+def _verify(res, hashed):
+    """Checks the body, read to its end and hashed into hashed, against its Repr-Digest trailer.
+    Returns the digest it matched ("sha-256=:BASE64:"), or None when there was none to check:
+    the client declined it, the server sent none, or none names sha-256."""
+    global _warned_no_trailers
+    trailers = getattr(res, "trailers", None)
+    if trailers is None:
+        # A chunked body read to its end went through the hook, unless this Python no longer calls it.
+        if getattr(res, "chunked", False) and not _warned_no_trailers:
+            _warned_no_trailers = True
+            log.warning("this Python's http.client did not hand over the Repr-Digest trailer: "
+                        "bodies are checked for their length only")
+        return None
+    fields = trailers.get_all("Repr-Digest")
+    if not fields:
+        return None
+    want = _sha256_of(",".join(fields))
+    if want is None:
+        return None
+    got = hashed.digest()
+    value = "sha-256=:" + base64.b64encode(got).decode() + ":"
+    if got != want:
+        raise DigestError(value, ", ".join(fields))
+    return value
+
+
+def _finish(res, done, total):
+    """Reads on past the last expected byte: a chunked body's end (and its trailer) come only then."""
+    if res.readinto(bytearray(1)):
+        raise ShortBodyError(done + 1, total)
+
+
+def _read_into(res, view, total, progress, hashed):
+    """Reads the body straight into view (no intermediate buffer), hashing it as it comes;
+    returns the bytes read."""
+    if total >= 0:
+        view = view[:total]
     done = 0
     while done < len(view):
         n = res.readinto(view[done:done + _CHUNK])
         if not n:
             break
+        hashed.update(view[done:done + n])
         done += n
         if progress:
             progress(done, total)
     if total >= 0 and done != total:
         raise ShortBodyError(done, total)
-    if total < 0 and res.read(1):
-        raise ValueError(f"shardsrv: the shard is longer than the {len(view)} bytes of the buffer")
+    if done == len(view):
+        try:
+            _finish(res, done, total)
+        except ShortBodyError:
+            if total >= 0:
+                raise
+            raise ValueError(f"shardsrv: the shard is longer than the {len(view)} bytes of the buffer") from None
     return done
 
 
@@ -134,7 +277,8 @@ def _torch_bytes(out):
     if not callable(getattr(out, "data_ptr", None)) or not hasattr(out, "nbytes") or not hasattr(out, "device"):
         return None
     if str(out.device) != "cpu":
-        raise TypeError(f"shardsrv: fetch_into writes host memory, not {out.device}; fetch into a CPU (pinned) buffer and copy")
+        raise TypeError(f"shardsrv: fetch_into writes host memory, not {out.device}; "
+                        "fetch into a CPU (pinned) buffer and copy")
     if callable(getattr(out, "is_contiguous", None)) and not out.is_contiguous():
         raise TypeError("shardsrv: fetch_into needs a contiguous tensor")
     nbytes = out.nbytes() if callable(out.nbytes) else out.nbytes  # a storage's method, a tensor's property
@@ -143,17 +287,25 @@ def _torch_bytes(out):
 
 class Client:
     """A shardsrv client. It retries what another attempt may cure (overload, storage trouble,
-    broken connections) with jittered exponential backoff, logging each retry on the "shardsrv"
-    logger, and never what cannot succeed (a malformed URL, a request the server refuses)."""
+    broken connections, a body damaged in transit) with jittered exponential backoff, logging each
+    retry on the "shardsrv" logger, and never what cannot succeed (a malformed URL, a request the
+    server refuses).
 
-    def __init__(self, base_url, token=None, attempts=5, backoff=0.5, timeout=600, max_backoff=30.0):
+    Every shard is checked against the Repr-Digest trailer the server sends after it (SHA-256,
+    hashed while reading). digest=False declines it (Want-Repr-Digest: sha-256=0) for a client that
+    measures hashing as too costly: the server may then send local files without copying them, and
+    bodies are checked for their length only. Requests go through the client's own urllib opener
+    (the standard handlers, proxies from the environment), not one installed with install_opener."""
+
+    def __init__(self, base_url, token=None, attempts=5, backoff=0.5, timeout=600, max_backoff=30.0, digest=True):
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"shardsrv: server {base_url!r} is not a URL such as http://shardsrv:8080")
         self.base_url = base_url.rstrip("/")
         # timeout bounds each connect and each read, not a whole (possibly long) body.
         self.token, self.attempts, self.backoff, self.timeout = token, attempts, backoff, timeout
-        self.max_backoff = max_backoff
+        self.max_backoff, self.digest = max_backoff, digest
+        self._opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler())  # keeps trailers
 
     def _open(self, method, path, body=None):
         data = None if body is None else json.dumps(body).encode()
@@ -162,14 +314,17 @@ class Client:
             req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", "Bearer " + self.token)
+        if not self.digest:
+            req.add_header("Want-Repr-Digest", "sha-256=0")
         try:
-            return urllib.request.urlopen(req, timeout=self.timeout)
+            return self._opener.open(req, timeout=self.timeout)
         except urllib.error.HTTPError as e:
             try:
                 p = json.loads(e.read() or b"{}")
             except ValueError:
                 p = {}
-            err = ProblemError(p.get("status", e.code), p.get("title", e.reason), p.get("detail"), p.get("errors"), p.get("type"))
+            err = ProblemError(p.get("status", e.code), p.get("title", e.reason), p.get("detail"), p.get("errors"),
+                               p.get("type"))
             err.retry_after = e.headers.get("Retry-After")
             raise err from None
 
@@ -238,30 +393,48 @@ class Client:
 
     def file(self, checkpoint, name):
         """One of a checkpoint's small files, as a bytearray."""
-        return self._download("GET", f"/v1/checkpoints/{_quote(checkpoint)}/files/{_quote(name)}", None, None)
+        return self._download("GET", f"/v1/checkpoints/{_quote(checkpoint)}/files/{_quote(name)}", None, None)[0]
 
     def plan(self, request, *, layout=None, tensors=None, format=None):
         return self._json("POST", "/v1/plan", self._request(request, layout, tensors, format))
 
     def fetch(self, request, progress=None, *, layout=None, tensors=None, format=None):
         """Returns a whole shard as a bytearray, held once: read straight into a buffer of the
-        body's length. request is a request dict, or a checkpoint name with layout= or tensors=."""
-        return self._download("POST", "/v1/shards", self._request(request, layout, tensors, format), progress)
+        body's length. request is a request dict, or a checkpoint name with layout= or tensors=.
+        The body is checked against its digest; fetch_verified returns the digest too."""
+        return self.fetch_verified(request, None, progress, layout=layout, tensors=tensors, format=format)[0]
+
+    def fetch_verified(self, request, out=None, progress=None, *, layout=None, tensors=None, format=None):
+        """Fetches a shard as fetch (out None), fetch_into (out a buffer or a binary file object)
+        or fetch_to_file (out a path: a str or os.PathLike) do, and returns a pair: what that
+        returns (the bytearray, or the byte count) and the digest the body was checked against,
+        "sha-256=:BASE64:" (RFC 9530), or None when there was none to check (digest=False, or a
+        server that sends none). A body that does not match it raises DigestError, after retries."""
+        request = self._request(request, layout, tensors, format)
+        if out is None:
+            return self._download("POST", "/v1/shards", request, progress)
+        if isinstance(out, (str, os.PathLike)):
+            with open(out, "w+b") as f:
+                return self._fetch_into(request, f, progress)
+        return self._fetch_into(request, out, progress)
 
     def _download(self, method, path, body, progress):
+        """The body of a response, as a bytearray, and the digest it matched (or None)."""
         def attempt():
             with self._open(method, path, body) as res:
+                hashed = hashlib.sha256()
                 total = _length(res)
                 if total >= 0:
                     buf = bytearray(total)
-                    _read_into(res, memoryview(buf), total, progress)
-                    return buf
-                buf = bytearray()  # no Content-Length: grow as it comes
+                    _read_into(res, memoryview(buf), total, progress, hashed)
+                    return buf, _verify(res, hashed)
+                buf = bytearray()  # no length: grow as it comes
                 while chunk := res.read(_CHUNK):
+                    hashed.update(chunk)
                     buf += chunk
                     if progress:
                         progress(len(buf), total)
-                return buf
+                return buf, _verify(res, hashed)
         return self._retry(f"{method} {path}", attempt)
 
     def fetch_into(self, request, out, progress=None, *, layout=None, tensors=None, format=None):
@@ -269,8 +442,12 @@ class Client:
         bytearray, a memoryview, an array, a numpy array, mmap, a contiguous CPU torch tensor or
         UntypedStorage — filled from its start straight from the socket (no intermediate copy), or
         a binary file object, written from its position (a retry after bytes were written rewinds
-        it, so it must be seekable for that)."""
-        request = self._request(request, layout, tensors, format)
+        it, so it must be seekable for that). The body is checked against its digest; a mismatch
+        is retried like a broken body (so a buffer may hold damaged bytes until a retry overwrites
+        them). fetch_verified returns the digest too."""
+        return self._fetch_into(self._request(request, layout, tensors, format), out, progress)[0]
+
+    def _fetch_into(self, request, out, progress):
         view = _bytes_of(out)
         if view is None:
             return self._fetch_to_file(request, out, progress)
@@ -280,7 +457,9 @@ class Client:
                 total = _length(res)
                 if total > len(view):
                     raise ValueError(f"shardsrv: the shard is {total} bytes; the buffer holds {len(view)}")
-                return _read_into(res, view, total, progress)
+                hashed = hashlib.sha256()
+                n = _read_into(res, view, total, progress, hashed)
+                return n, _verify(res, hashed)
         return self._retry("POST /v1/shards", attempt)
 
     def _fetch_to_file(self, request, out, progress):
@@ -297,23 +476,28 @@ class Client:
             try:
                 with self._open("POST", "/v1/shards", request) as res:
                     total = _length(res)
+                    hashed = hashlib.sha256()
                     while n := res.readinto(chunk):
                         out.write(chunk[:n])
+                        hashed.update(chunk[:n])
                         written += n
                         if progress:
                             progress(written, total)
                     if total >= 0 and written != total:
                         raise ShortBodyError(written, total)
-                    return written
+                    return written, _verify(res, hashed)
             except Exception as e:
                 if written and start is None and _transient(e):
-                    raise RuntimeError(f"{e}; not retried: {written} bytes were written and the output cannot start over") from e
+                    raise RuntimeError(f"{e}; not retried: {written} bytes were written and the output cannot "
+                                       "start over") from e
                 raise
         return self._retry("POST /v1/shards", attempt)
 
     def fetch_to_file(self, request, path, progress=None, *, layout=None, tensors=None, format=None):
+        """Writes a shard to the file at path (created or truncated) and returns the byte count.
+        The body is checked against its digest; fetch_verified returns the digest too."""
         with open(path, "w+b") as f:
-            return self.fetch_into(request, f, progress, layout=layout, tensors=tensors, format=format)
+            return self._fetch_into(self._request(request, layout, tensors, format), f, progress)[0]
 
 
 def parse_safetensors(data):
@@ -330,9 +514,10 @@ def parse_safetensors(data):
 def to_numpy(buf, dtype, shape):
     """A numpy array over raw bytes (BF16 and FP8 come back as uint16 / uint8 bit patterns)."""
     import numpy as np
-    np_dtype = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "U32": np.uint32,
-                "I32": np.int32, "U64": np.uint64, "I64": np.int64, "F16": np.float16, "BF16": np.uint16,
-                "F32": np.float32, "F64": np.float64, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "F8_E8M0": np.uint8}[dtype]
+    np_dtype = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
+                "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64, "F16": np.float16,
+                "BF16": np.uint16, "F32": np.float32, "F64": np.float64, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
+                "F8_E8M0": np.uint8}[dtype]
     return np.frombuffer(buf, dtype=np.dtype(np_dtype).newbyteorder("<")).reshape(shape)
 
 

@@ -46,6 +46,9 @@ type ServerInterface interface {
 	// PostPlan Plan a shard request without reading tensor data
 	// (POST /v1/plan)
 	PostPlan(w http.ResponseWriter, r *http.Request)
+	// PostPrefetch Warm the cache with the chunks a shard request, or a whole checkpoint, reads
+	// (POST /v1/prefetch)
+	PostPrefetch(w http.ResponseWriter, r *http.Request)
 	// PostShards Stream the requested boxes of the destination tensors
 	// (POST /v1/shards)
 	PostShards(w http.ResponseWriter, r *http.Request)
@@ -103,6 +106,12 @@ func (_ Unimplemented) PostLayouts(w http.ResponseWriter, r *http.Request) {
 // PostPlan Plan a shard request without reading tensor data
 // (POST /v1/plan)
 func (_ Unimplemented) PostPlan(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PostPrefetch Warm the cache with the chunks a shard request, or a whole checkpoint, reads
+// (POST /v1/prefetch)
+func (_ Unimplemented) PostPrefetch(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -263,6 +272,20 @@ func (siw *ServerInterfaceWrapper) PostPlan(w http.ResponseWriter, r *http.Reque
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.PostPlan(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PostPrefetch operation middleware
+func (siw *ServerInterfaceWrapper) PostPrefetch(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PostPrefetch(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -468,6 +491,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v1/layouts", wrapper.PostLayouts)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/prefetch", wrapper.PostPrefetch)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/checkpoints/{checkpoint}/files", wrapper.ListFiles)
 	})
 	r.Group(func(r chi.Router) {
@@ -497,81 +523,102 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Dxrd9s4dn/lHrY9lmaoZ5xZr/yl8UzSpsceu3HS7amk2hB5JSEmAQ4A2nLm+L/3XACkKImypGw8m3b7",
-	"xRFJELjvN/N7EMk0kwKF0cHg90ChzqTQaC+ulJwkmNLPSAqDwtBPlmUJj5jhUnQyt+LHz1oKeqajOaaM",
-	"fv2jwmkwCP6hs9y/457qTrHv09NTGMSoI8Uz2i4YBG8EfHj3M/z5+PWfwG/eDmiZf5e2PktkdGchiWNO",
-	"77HkSskMleEE95QlGtf3fZtgisLAAuQUzBxhQpscaZjIBXANmdSmoWWuIhxOmEb4ESKJ0yn8MzQW0AI5",
-	"nWo0ujlutoMwyCrH/R7Q+l0ovxcxLoKnMLC70upV+C4FgpIPkKECBwbEPEWhuRQhSIEQySRPhV0QozZc",
-	"WA4sVxFc3GCq9wbFPGYYDAKmFHuk6wTFzMx3vn/ulz2FgafK3icSlWnxXnBeSW0uszpAHYHo/ZQLB04w",
-	"6JXrtFFczKzUKPwt5wrjYDAsgV0iWu4UOh4W3BmXW8nJZ4wMnXkmFztFblUsXpqcO9HbgsZVwqyu/rHQ",
-	"hoHMTZabm8mjcSdOpUqZCQYBF+an46AElguDM1SVV9xJe76TcYzcAftJGS23JKkRNIUs3n+rD8ji+p32",
-	"kMRVVNeoVWJVgFTH2p/nGN1lkgtzzp2arXI4Kp+vorSmNTtgr+5SB8UvH+2ddfv27uTm7clFFxoX/wk6",
-	"YgnqEPr/3dCtXv9PzSZZYEIMmIZpIpl51T8FKZJHYAKKV71ZjKS4R2U0GAnckNVDkacE2tnl5XkQBp9O",
-	"gjB4T38+9X6in/bvp1d9+m3/frKi897+fWefnrl/3tnH79yDk5u3xxev/K/XF33/6+SiW0F8SbVfcIrK",
-	"Eukgx/QGNKp7VC3NY0IuzRK0ht3MmbHXuUFtXZZBoaWCqZIpLNngb2sQ0jk1iJgYCXfKBNswzU5u7IOb",
-	"GH/LmTADT0oNwwfks7mBhkcWpAKPbQhDJR90SH5Hj5uh49pINN696tMyolgIwwh50qCFnUm3GYK9pDc6",
-	"k15z3ByfAnrH21AhRMTokfAcbrjDh2o8jMZN+KHgfMOeNFSdSXc8jDqTHp3uCREDF8U6YCIupAFjEgcz",
-	"x5Fw5DjSEBOLTiuUO9Kg5yxDkja6684/0m24JFFb3gKFM2IBHUB3LUDknvVIuEPJFWtgNnoQiLEGptCK",
-	"cBvSxTQ7LmgNjVlmWlJrwAUJgg5Jxo1iQpMtQ6WPRsIjcZNKvMlYdIfxTcFUq+4ERNqssM2yU0Pj00kI",
-	"w7chOE7NlMwzHcLZGKQaieH63YKJ9sWC1ScX3XAZEOkjT6IHbuYyN3BGPLxnSU6sV/IhhNkP/TP4EbhV",
-	"2ml23BB8MkkQeAiJfAB/NeVKG2IqKbklXwtI1av88w/6r19bsfiV/do8tQeT1jtyLcMbC6NCnSeGDias",
-	"HWY/9M8cAcbQsHTNpMaYyDwSVTqDQpMroYGbZgiYaIQVCv3QPxu3IZGK3aSoZlgh919gKHMTAhfjEN7A",
-	"ULmfI3HmH6jxmOJKi5iTO12RfB7CZ0utvwz5ePh5DD9CgyXZnHUUE3dEJJ2nIO9RwR3I6Uic0bq7MfwA",
-	"b4Z39EZYJZul0B3dkSpGdQq0C8Q4ZXnizKJqj8RGlCoz+lvYyg2jEITBiuCScyppUWvwMqbYbqdYmMUr",
-	"t7qM3lZ90LNxXEiP37ulvV2uNQuWJ9T6p1V4DgvpLNc2nduSUEca7JrTgh/QIw9Vhi2xzCcJLuMWkacT",
-	"F7ZMiqRmdesNPpERs2rjbP1w0g1h0hsvDxz2+ich9Pon45WMYCNySrngKQlDry6KStnCU7xfJX+/JkZi",
-	"4m4HSWjJEkBSZBazzJDxA7VCn32Ae6rh6lsx4wLP2aPMzcEO2OqPnJLV4WKKCkWEgHbHNnwk+2899NIW",
-	"V7zvkSYXNOWzNqXA1mPY1XokcMEi4/2K1RUkjO2l2xzmMok1FL6ewAhBsBRtHFRZR/ecEwgBWTQfCUoI",
-	"fTjg81l6+0gvD3J2fABTqWAU3CdJOgpCeKCD7s/PL440XM+ZijG+NszguWQxqpHQ7B61fafYExq0HO67",
-	"7V633YfEklifQiwj3XHw6XYaQ8K1cUAzFc25wcjkCnWzzhTFzLAbgjRJMLnR/IsPGK18WJ4fKK1xdrMU",
-	"Q79L97ldurW7GB+6siS5nAaD4Q7LZiPdp/G6QJHE2K2qLFQ5eR4BDRc3vev9ZB3wq35zVTFWJMtIFc1v",
-	"7F5t+HfSfv4FYx+kaLhDzOglrnSb4EfBJgneOM9Z0neFKLUacJ3Z2NsHKM4RfbyCBfxyZUWAANeGlsgp",
-	"6CzhxnAxA7xH9Vj46ckjfLxqLw3bRMoEXSrkKFB1PiSNxA2cMaOkqPUuTrq/qZSYbyAla+7G41bnaN5x",
-	"TOK3Skm1mYrFaBhPapMvy3tUmxb1Dfzb9eWv4J8DFy7gBQIHtYGJjB9D0Hk0J+vR8QFkp9txgV2n37HF",
-	"jQqPttRJCgjCAsx67BJ8L6ZyEzcyVrWYFRzcmcOvwWM39K9vA2VXxlsL0JQnBTvW9beSXk1lEiPlDnY5",
-	"SDNHso7kLIwGzaZYxOo+XeDEnBgXIeSZz0qAgIeIZXsX6Ur67p+PBwVGdUT6V2QJRVfrJNKGmbyuDLB2",
-	"jF9Xt7Ur8FSjuQPt7npE4dz4ByfXB0ZoO1ielBHCc8RfiSaeJbjfr44sBRaunl4vZrjIEh5xA4YsNzDv",
-	"Xuk+ExRryFO4urz+CLREQue+19HktTWpOLeJkFSAMTcYb9ald9DCi+3e5a2Pdn3BloPksjiqlk7LwuPX",
-	"BqvrArSs6dVSPWPKkCujIMpF0VzY6otNg+WipsJfH5xbyV9pKJCLXyk4OOPbrq1UHl5yTWVcI0kxVxgZ",
-	"eJij8E75nqlHctHL7PmBJXca2EZvgaAnOyYfhEsstcEMetaWCWnbIiAzsD0fSmpnzNo/awUfuMZq/c3B",
-	"EYSBW1Tr1g8tGi9L/c/bJ8ehSkG/rsZqyVcngyQrVU1ds5F5mjL1uLOSnDBx7Zd+tXrtVT8uAHpesarw",
-	"bHppxBjjZTF+LSJ0UmKfOv9FVgdizFDYjGVg8xBoTOQidDLetHFjwrIjDTHXhovIFNLmKyG6NtXbWvXf",
-	"AtuZBarMeh6gaFnaCGjPIyjgff4Am7UlTMAUTTSnpEjJFLSRis0Q2JRisEiyBHXExeyQY33AVkd2v/sy",
-	"0bQQpOwO96PdejFktYewwvMVGqxDVitOrh13mDsuU6o9EqlwrUQlcEY6mydBSEeSoVlkQRhETJta22LL",
-	"lDWt1QwVmTM5hTRPrGVjcbxXWWazuFRLmWWbfO8wHykx2N84VJKJGn9H6RkT0Zawez3CqzpObhJ8pge0",
-	"y+rap8U24XNBYtkb2yASxaz1sZovCO7XKdy/RbiGgz2/3KA8tg4JWzHZNy5dmz/wxSCKOeQUbr3hvoWG",
-	"q3VXwsCmFdFbFwr6BTYg9ZW00IeHGFPWbcr6VHNXBLieT7rMBhp3+AiZwilfNCEXMbriD5k6BCWlCQni",
-	"4ZvWf7HWl27rz+2b1hg0zkqTvplYeRZU8uxAsYdKqOCuKslTrUJ/TbT+DeLa7dXmMFi0ZrJF91r6jmct",
-	"mTn+t8q03agcn4mF68TKAVCfTZcGdDOMraaevtflWg8gc2PjWWtYbWcq4dqQvOQGIiaENDDxYhPXc3Cb",
-	"Um7P7ucsw6+bXPAJfuytidvJw7CdXl+V8gtcmJuMzfDGyDusyQ+uFGoUPphOSQMKEk9lksiHU8iYtrkX",
-	"03C73Om2loxfJ4qH5/3PhYGVuHKDWhO5OGBUopgdqfFAW8SintHu1O2wfl3m7zKt/ZGxCUMNKgfTZEeD",
-	"ijzBcjJgn1bZSi16r8BpypNkU5b/g+Ihst0TuShj8MqYAAXs+rRs9XJTlHR94zLNtbUTdiHGbSAnvuxr",
-	"MA0PihuDYuBaJ9a/AsEChkJW11GfywTh/U/HIBV8+umYXNgMXVdgNdqqGNdgEHzWUrR/LdtjhYDtaBR+",
-	"eyu0TVjpMIxyxc3jNe3rhRCZqivefvAHgSxSdCVzg9Ygd+a2NvclhA5F4Y9frP/vpGgUj7SzRKbShcqF",
-	"dql6q8VyM29Z+6NbZC7JCFksbQnewVJCPjcmcyOX3LuatezD9q1AYcqyDOOiv+QLTi79qbicyiBQG95A",
-	"lHCSmavL64+6KKSUeZodRylHFosduPEdsGLOwh7ta2ENp89N1xvT7NFSQqEnX2W/kSgENpKpT9ROS4rx",
-	"qMinZDHkQTmPE0MLg5/fEDFoo5ClGiYsugMv5iNBr1TBtylTG64R4cPbN79cvG2ncdkyc6qlMWXCEPcK",
-	"1OyZLp5xsp/wCH21wcl28CZj0Rxb/Xa3EpoHjvzqPggDUlfHql6761bJDAXLeDAIXrW77VcUADJfUirE",
-	"in7PXGhM5tLi8D4OBr4k/MUmf5Wh3363+8zA72GDvr7qXDPna+twSkZIzlQDS/g9+kHfomQRnPN7FKi1",
-	"vV3ow1Z0LvzznegYXJhOljC+hsi679qA2Z9Q1PiulEzRzDHXQFuCi3ptJ+64e7yNNCVwlSnoKtKVXQuM",
-	"LfrONGzF/oN7/DfhpT3b4v26++pr8aZNOHEbGsvsw40FRnObFjk63Pc6a4OMtfSg6PDnyroXJMza3GUN",
-	"gZYrXCvfy0jvAFoRbfsHrv9qGSQ81rrRpdRbxtSxovP78uKpU/bWtnLnnV3hx4jsaITtuD/biyPqnQLq",
-	"iGUIR50jikH+qf/OdtVoORm/oAgWVkPkpaunDC18Ru/HLygrZa9yi0m0ZPPi0T2I3YeK02Em6o8XP7Y6",
-	"CqFTliS+BdtwEzch2MiHf0EVwgyFFzA/j9PcU0Y7v9M/T1tF9V/QSur3KKhhTUmHJ1jUxl15x86bOlT9",
-	"jI4bmq4Bw1fCXkpTZGTQtFyMtaoxZcluwoXva+zyxYWyHGkXj4WVwVEWGfjZwdByycJ3qVHH3T8ftr73",
-	"6nvV2A92OMiVNrcrbqmRfojM1iP8F0GrSncltTn3i5xAojZnMn78ZoZ4dcbgaTUZtDW8F/QCa6MBW8Tb",
-	"5kHfqeSevKjkHvdeH7a+339hzXj1R2nSW1vah7LmX0yElONey16Bz6JduswNaGNnRqZSlYqWFVW/rVpm",
-	"C3ovo2Ir3ZI/WMNWGvrb0s+Eif9Xr78v9SK5AObHGYrJyaIAqmwKOisKXzEzrNQkV4ap6tKqQN0q9nDr",
-	"pq3tZITfg4vyFPuxRrhc4QdvXJms+JgjLEpnR7qs2I4E7SIfWin7LFWxLuHGJNhCEXMmwo25IzeA3Di7",
-	"vDwfuEGnR4MhdEEq6DXbI3FbqeXdDogmldqeDSPnMrHkqMyaZ6hsMbmhN4pfNrGljd/6CaSExy4elwoi",
-	"ZlgiZ2C73rbeU3zcDROc2i7L3H8zZAE9JXj8MMSU8SRXOBJu5oIWzpHFqDQ8oEKw7Ro2kcqPn0dSCIyM",
-	"/W5aS0/P+JFO1XOpTAgC71HBg5Ji5mpxm2bx2rH7f4Nh/GvC6nBlp3sRt6st2W8Ro28UTncF6mHguUuH",
-	"rj7cAtDWPv/T/wXb/sJJwt+xL7i2KlOdocd4pWsBNU2L0iFUlMTXDdaEv2iTyBTJOpN9LGz3bcJTbm6B",
-	"GWBgeIrQKD8X63a73ZCepFL7y26zDW/KMbeRsB0RrkFIV6VLmDaQka2MmFIcNdyu9blvB9va1mXjgt4Y",
-	"CXriNdQW+wjoZTrXho+21+SQYZBJbbuzhfep4qglLShn5VwbpVIhieZMzNB+wGu4yFHD0r5bhOxmGlHU",
-	"2ehzro2n8GZlxpY2fsvRWqlvXGK5IK6UDSzhP+6arXOwWZZY1uCwnA+qR6Zs4UebLa93fftWV3jaYHch",
-	"wJnCey5zbUE8BTaxzrJgufO39GgbtJVJib9VxbQy7FH338U44nt0Vz+eckz6PiP8F7eif33tvxDytZJO",
-	"WKp1YbwcX4pmOGkgSWnRCR+OSTxc79qpZ64S340edDqJjFgyl9oMTron3eBp/PQ/AQAA//8=",
+	"7Hztchs3luirnOp7b4lMmp+WPQpVt+paiT3xLTvWWvZma0WtBHYfkoi6gR4AFKWk9Bz7QPtiW+cA3WyS",
+	"TYny2JnszPyRSAINHJzvL/RvUaLzQitUzkaj3yKDttDKIn85NXqSYU4fE60cKkcfRVFkMhFOatUr/Ixv",
+	"f7Fa0ZhN5pgL+vS/DU6jUfS/eqv1e37U9sp17+/v4yhFmxhZ0HLRKHqp4MPr7+G7w+d/grB4N6Jp4Vla",
+	"+iTTyTVDkqaSnhPZqdEFGicJ7qnILG6u+yrDHJWDW9BTcHOECS1yYGGib0FaKLR1LasXJsHzibAI30Ki",
+	"cTqF/wetW+iAnk4tOtu+aHejOCpq2/0W0fzHjvxGpXgb3ccRr0qz1+F7rxCMXkKBBjwYkMoclZVaxaAV",
+	"QqKzRa54QorWScUUWM0iuKTD3O4NirsrMBpFwhhxR98zVDM3f/T5t2HafRwFrOy9I2GZJu8F56m27n3R",
+	"BKhHED2fS+XBiUaDap51RqoZc43BvyykwTQanVfArg5arRR7GpbUuaiW0pNfMHG054m+fZTl1tnia6Pz",
+	"0ePtOMZpJlhWf19o40gvXLFwl5M753ecapMLF40iqdyLw6gCViqHMzS1R/xOez5TSEz8BvtxGU1nlDQw",
+	"mkGR7r/UBxRp80p7cOL6UTewVZ2qBKmJtN/PMbkutFTurfRitk7hpBpfP9KG1DwCe32VJih++Mi/bOq3",
+	"10eXr47e9aH17t/AJiJDG8PwP1q2Mxj+qd0mDUwHA2Fhmmnhng2PQavsDoSC8tGgFhOtbtA4C06DdKT1",
+	"UC1yAu3k/fu3URx9Oori6A39+TR4QR/576dnQ/rMfz8x67zhv6959MT/e83Dr/3A0eWrw3fPwqfn74bh",
+	"09G7fu3gK6z9gFM0jKQnGaaXYNHcoOlYmdLh8iJDVuxuLhx/Xzi0bLIcKqsNTI3OYUWG8LMFpb1Rg0So",
+	"sfK7TLAL0+LokgcuU/zLQig3Cqi0cL5EOZs7aIXDgjYQThvDudFLG5PdsRft2FNtrFqvnw1pGmEshvME",
+	"Zdaiib1Jvx0Df6UnepNB+6J9cQwYDG/LxJAQoccqULjlNz83F+fJRRu+KSnf4p3OTW/SvzhPepMB7R4Q",
+	"kYJU5TwQKi25AVNiBzfHsfLoOLCQEomOa5g7sGDnokDiNvrV739gu/CeWG31ExicEQloA/qVASLzbMfK",
+	"b0qm2IJg70EhphaEQWbhLuS30+KwxDW0ZoXraGsBb4kRbEw87oxQlnQZGnswVuEQl7nGy0Ik15helkRl",
+	"cScg8naNbExOC61PRzGcv4rBU2pm9KKwMZxcgDZjdb75a0lEfrAk9dG7frxyiOxBQNFSurleODghGt6I",
+	"bEGkN3oZw+yb4Ql8C5KFdloctpScTDIEGUOmlxC+TaWxjohKQs7o6wCJep1+YWD4/DmzxU/ip/Yxb0xS",
+	"79G1cm8YRoN2kTnamE7tT/bN8MQj4AJajNdCW0wJzWNVxzMYdAujLEjXjgEzi7CGoW+GJxddyLQRlzma",
+	"GdbQ/TOc64WLQaqLGF7CufEfx+okDJiLC/Ir+WCe72yN82UMvzC2fj6XF+e/XMC30BJZMRc9I9Q1Icku",
+	"ctA3aOAa9HSsTmje9QV8Ay/Pr+mJuI42xtA1/aJNiuYYaBVIcSoWmVeLpjtWW16qLuhvqSu3lEIUR2uM",
+	"S8apwkWjwiuEEY8bxVItnvrZlfe2boMe9ONiGn7jpw4eM61FtNqh0T6tw/M0l46ptm3cVog6sMBzjkt6",
+	"wIAsVOW2pHoxyXDlt6hFPvFuy6QMataX3qITKTEWG6/rzyf9GCaDi9WG54PhUQyD4dHFWkSw5TnlUsmc",
+	"mGHQ5EXl4jZgfFhH/7DBRxLq+hGU0JQVgCTIIhWFI+UHZg0/+wB330DVV2omFb4Vd3rhnmyAWX70lLSO",
+	"VFM0qBIE5BW78JH0P1volS6uWd8DSyZoKmddCoHZYvBsO1Z4KxIX7ArLCtKJ+atfHOY6Sy2Utp7AiEGJ",
+	"HNkPqs2j37wRiAFFMh8rCgiDOxDiWXr6wK428np8BFNtYBzdZFk+jmJY0kY3b9++O7BwNhcmxfTMCYdv",
+	"tUjRjJUVN2j5mXJNaNF0uOl3B/3uEDJGsT2GVCe25+Gz3TyFTFrngRYmmUuHiVsYtO0mVZQKJy4J0izD",
+	"7NLKX4PDyPzBNH8it6bF5YoNwyr9h1bpN67igusqsuz9NBqdP6LZ2NO9v9hkKOIYXqpOQrMgy6Og5f2m",
+	"14MXbICfDdvrgrHGWU6bZH7Ja3XhX0j65a+YBifFwjViQQ9JY7sEPyoxyfDSW84Kv2tIaZSAs4J97+Cg",
+	"eEP08RRu4YdTZgEC3Dqaoqdgi0w6J9UM8AbNXWmnJ3fw8bS7UmwTrTP0oZDHQN34EDcSNXAmnNGq0bp4",
+	"7v6iXOK+AJdsmJtwtiZD81pilr4yRpvtUCxFJ2TWGHwx7dFsa9SX8P/P3v8EYRyk8g4vEDhoHUx0eheD",
+	"XSRz0h694ED2+j3v2PWGPU5u1Gi0I09SQhCXYDafLsM3aqq3z0bKqvFkJQUfjeE34OEFw+O7QHks4m0E",
+	"aCqzkhyb8lsLr6Y6S5FiB54O2s2RtCMZC2fBiimWvnoIFyQRJ8XbGBZFiEqAgIdEFHsn6Sr87h+PR+WJ",
+	"mpD0I4qMvKtNFFkn3KIpDbCxTZjXtLRP8NS9uSfq3U2PwpvxD56vn+ihPULyrPIQHkL+mjfxIMLDek1o",
+	"KU/h8+nNbIa3RSYT6cCR5gYRzCv9LhT5GvoYTt+ffQSaoqF3M+hZstqWRFxyIKQNYCodptt56UdwEdh2",
+	"7/TWR55fkuVJfFlu1YinVeLxc53VTQZa5fQasV4I48iUkRPlvWipOPvCYbC+bcjwNzvnzPlrBQUy8WsJ",
+	"B698u42ZyqenXHOdNnBSKg0mDpZzVMEo3whzRyZ6FT0vRXZtQWzVFgh60mN6qXxgaR0WMGBdpjSXRUAX",
+	"wDUfCmpngvUfa8GltFjPv3k4ojjykxrN+lOTxqtU/8P6yVOoltBvyrEy+pp4kHilLqkbOnKR58LcPZpJ",
+	"zoQ6C1M/W7z2yh+XAD0sWHV4tq00YorpKhm/4RF6LuFRb79I60CKBSqOWEYch0Brom9jz+Nt9hszURxY",
+	"SKV1UiWu5LaQCbGNod7OrP8O2E4YqCrqWUJZsmQPaM8tyOF9eAOO2jKhYIoumVNQZHQO1mkjZghiSj5Y",
+	"okWGNpFq9pRtg8PWhPaw+irQZAhycY374W4zGbJeQ1ij+RoONiFrZCdfjnuaOa5Cqj0CqXgjRaVwRjK7",
+	"yKKYtiRFc1tEcZQI6xp1C6cpG0qrBRpSZ3oK+SJjzSbSdK+0zHZyqREzBplJ3i8VNjj7Tyl4JfOFut53",
+	"8lRmWV2G9xGtEsRtq2iQy/pks4RF+PThrXcyLBTo06ck8dIdwziymE3Hkbc4rpYgoSC3zBzzU49HGx6i",
+	"6uRxVHLk2ukeQvtuxb1DwD+yj86De8rtI57UimrrG30vEo4laHQtVmMB33Pvz6ByeGQnWCVA0kIRkOjL",
+	"b3Ud5ysnbOgtLNFQ/JLMMY3J5ZwguRd+HxAZPbyv6mWCN0D185z2cCuECYOg9NJ3P6By5o6bHwKf+pyZ",
+	"XioLVucILT4OTRUZ/V1jw/becde6LDf1HmCiVdoA/496CZlWM6+3S7Q6ra8/R9Wsuc+7ZKP6fY1HVjBW",
+	"yG4Wn6q5Z+/kBBrzFJemlgJpwKRU1gmV7EgWbMaldXdfugwfqFw/5ivyaLlM/FBoW1X0t5BEkXZzhBnK",
+	"GPup4/0bGzbOwPtXC1TbNh2C87z7RtMbXVMhhU0CpadwFdzNK2j5Cl0teG2zYb3yAWyYwGF0yP/HIajF",
+	"FCZ3NaPRfixu3cyC+XwMtK7xjsVM3rZhoVL0KWtSXghGaxcTxOcvO/8uOr/2O991LzsXYHFWOaLb6aBA",
+	"glp2MDJiWQtw/LdayqfRDfmcHMMXiMZ318ji6LYz0x36rWOvZdHRhad/p0o2OrPAB1RQE1t5AJpzgJXb",
+	"t+1m1BNmoULvC6agF46jcHYHWftn0jril4WDRCilHUwC26TNFNwllLtzknNR4Of1W4W0ZBq0iV8pwLAb",
+	"X5+VqFR46y4LMcNLp6+xIatxatCiCimAnCSgRPFUZ5leHkMhLGeMhIWr1UpXjWj8PFZ8erbyoeC1Fg1v",
+	"u3X69gkNXmXHW4MF2sEWzYT2u+6G9fPylT4/tP9hOM3RcJQn4+SRsjpZglU/0z4F/rUK2l7hHnkt27z8",
+	"rxTFke6e6Nsqc1BrbtI3aOxx5d9JVxaiQrtFvrCsJ3gipl0gI76qxgoLSyOdQzXyBV+2r+zKgqNA2/cB",
+	"zXWG8ObFITm7n14ckgmboa9lrjtuNeUajaJfrFbdn6qifslgj7Q3fHkttItZvQO7MNLdndG6gQlRmKaw",
+	"8EPYCHSZWDR64ZAVcm/OFYVfY+ix9/8r2/9ejs7IxO4ODaHTEQs377D+sR1Sl6SE+JRcOPSwVJDPnSt8",
+	"o7gMpmYjZ8LVdjCYi6LAtKyKhzS5D2hqJqfWvtiFl5Bkknjm9P3ZR1umf6vsEjfRVY3W5QrShbp92R3G",
+	"W4cMfsvLc9tHJ1bcMSYMBvTV1hurkmETnYf00nGFMZmUWSBdtqaRc+/ZkGEIXWcqBesMipzC9uQaApuP",
+	"FT1SB9+Hu3CGCB9evfzh3atunlaFfi9aFnOhHFGvPBrv6f0Zz/uZTDCE2p63o5cFRYWdYbdfc80jj35z",
+	"E8URiasn1aDb97N0gUoUMhpFz7r97jNyAEVIhJdsRZ9n3jUmdclneJNSmBXG4/WrCsN+/4FrCk+7nhBq",
+	"ZQ23E7h6YHSCZEwtiEzeYLieUCZao7fyBhVayz+X8rDzOO/C+KPHcXjrekUm5MZBNm3XFsxhh7IycWp0",
+	"jm6OCwu0JHivl/sHDvuHu1BTAVe7u1E/dG3V8sR8fK8adp7+gx/+m9Dyg89Z3MfR8/6zzz03LSKJ2tBa",
+	"RR8yJMs4LPJ4uBn0NtqvG/FB3uH3tXlfETEb3eINCFrN8A1IgUcGT8AV4Xb4xPmfzYN0jo0emorrmTBN",
+	"pOj9tvpy36s6AnZS5zXPCM2P3NDFfUIPdhAQ9o4BbSIKhIPeAfkg/2f4mnNSNJ2UX1Q6C+su8srUU4QW",
+	"PyD3F1+RV6oOix0qkdEW2KP/JHI/lZ2epqJ+f/YT6w1cNhdZFhpHWr5PMAb2fOSvaGKYoQoMFroI23vy",
+	"aO83+ne/k1X/jMypf0RGjRtSOjLDsqLn0zvcJe+PGjoL/VWPBjBCJuxrSYpOHLqO97HWJaZK2U2kCtXY",
+	"x2xxKSwH1vtjca3dXSQOvvcwdHyw8IeUqMP+d0+bP3j2R5XYD9zS6FObuwW3ksjQ+sr5iHCPcV3oTrV1",
+	"b8Mkz5Bo3YlO776YIl7vjLpfDwY5h/cVrcBGQ9MO9uY46A/KuUdflXMPB8+fNn84/MqS8ez3kqRXnNqH",
+	"Kudf9rFVTaqrWkGIon24LB1Yx51uU20qQSvKrN9OKeOE3tcRsbVqye8sYWttSLvCz0yof4rXP5Z4EV+A",
+	"CE1YZQ9BmQA1HILOysRXKpxYSVIoQ9elaYOlOOW5ufZ2eQ+0AVGV947hyns/VxTsypnSBtM2dwaIsap5",
+	"lL4WP9UmJMA4oRRaDtm6xpxrmsoss2FKsmqaIP3AWbBRuPbif60uA242Akj3QN7Rd7G0+N5Kki2sQ9PN",
+	"CWirx0r4S1UdQqh1wjgLS2HyLvyk3ZywK23Is2HKiTafqhPKLtGUeT7hYCls1RWh0rGal00B3MCrr7sQ",
+	"vF1/u3cu1AxTTiXBYf879noJWatGX592a9CAJWX/DrXgZl9Pgyb8mdC31mjhsf73oRm/sov9D6xJfxYm",
+	"9zki1jKsGOotR+t60Cu0UAxaabXYK6VKy3pJ3a1jr4xYXvmbeNxDFzS1VJW+5Yu88WpG0JC+GFFe9I3L",
+	"AsWBrepiY0Wr6GUnF79oU87LpHMZdlClUqh4qyfdX05rnbx//3bkm+DvHMbQp9MO2t2xuqpVTK5GhJVa",
+	"BYXV11xnbHRq9xALNFyya9mtEgOnD2nhV6E7PZOpz3poA4lwItMz4N4irwrDi39gglMdesL4PjkDekzw",
+	"hEbZqZDZwuBY+X5cmjhHkVYda1wUFxNtwtXERCuFieN36lgd8JnesXafa+NiUGSEYGm0mnXHaqzeKIcz",
+	"I93dKJinYb8P3ARdRu78uqLnz/pw9QEL0/lBztC6ETFSZ/j8xf8dnbw8e/XicHQFP378eArOCJmhiX2B",
+	"5uzHlzSpukLAV7iqVx0s57L0kX2Fx/vYSi9U4ttorj765UZQ2/uqO1YvlT82luWhcLBEGCO5gNSF9/QD",
+	"AdUbdAcgStBCZamSCkzD6wrQjFWiiewxgZbMAW+TbJGihav1xMXVqDoO8SqnNnyDUnj1giKevGIjUz4y",
+	"Vi2RLcmQEtHax/4aIoM3hIl284qyIhCW6VOV8FJMMqlC+TZlRKzEu5QzvwRc/SyU6zSSq8+tS2NFVD36",
+	"7nAAqWR+EeaO0wTZTBvp5rk3PHxV2JLo5CgUCcQ4UtqBSBIs2G8aR8SvU4lZ6m1+qtGOuZelEMZi3X/y",
+	"l42dESl29HQ6grmw7Hx4itQ8KKkgx1ybO2bj8phjFc5N7F0vF/qWGeIEwa+34KqogEwnwic5fHuImxu9",
+	"mM1BwGQxnaKBln/vVHHX9u+9YN0U+CnR1tmSgQ8sOJljTEy3cNDvvgD/egx291R4f5VBaA26f4I/n/TC",
+	"rWccqwmqZJ4Lcw25SOZSYbhaXP3Ot4tzFHZh1orzBADppgH8WZ5AuAPj1bdwY9Xvvviv//R6zx+rWLhS",
+	"zgKvhOSPArfUDJ7ly7h+jLXtHcy0x5YLmTtw2ouu1ck18r1XiyrloZbSjK1juOp0lO6UA1f0qww3uNu1",
+	"unG4tzAXltzmTSHy7JAJ66obS8KrK1ZrtZ3Zb8zDzU9WgtpyFothHCtPTstaO/aFS5Y0BiutVGHITIaC",
+	"Lc3jpLThC+mVgg3yNhd2rLhpuCwUe8n16JKOj1lT4EEZ8HFo9i7H9swb0/8Jbu1fkxqO11a6UWm33lb4",
+	"JfLMW8X/OFxOLTWxgroCLkdLkxSchpqSLA1EN4qjoIsJvHWubW76K4nPU45BTFbdajV1zevblVXWawaq",
+	"FaxRu2oXEfs2ztbP+SCAdVMVBynxbpko+d5pf5mX/TOvJonTU3Skf4T3I6qrSE+DM1jzBg+ybt5hoTK0",
+	"ti6MlUKrYbP1oJXbwOIWR/0zjPpnGLU7jDrzPkDNtSJ/tNY6BQ2dU1W8VNNyoXi5IZBlr5bO2dWh8KEM",
+	"ba4ymUt3BYJkjXwOaFVv2un3+/2YRnJtw9d+uwsvK0tLllvwrWnyv9zKus6w8oyvNpptr0a7emer7il6",
+	"YqxoJF65nJaAXsWMXfjIDW/+MAIKbblFtNSz9TNaTROqa4be36gl1cq0EZklqRZoa9aZD8SLWUTVZGTf",
+	"SusChrfLw1xf/csC2cx84TrvO6JK1UWnwntxZpsUbFd13g04mPJrWisXt+FWONP6sdcGNSn+LXKXDFwY",
+	"vJF6YRnEymSVJPfhKA3tgrbWrv23atuodZw3vWnXIz8cd/29M55If8xk2lfXon99A1LJ5Bt15bgS61J5",
+	"ebqUHbkkgcSlZTvu+QWxh09ke/FcmCy0xI56PQ7fyNMfHfWP+tH9xf1/BwAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

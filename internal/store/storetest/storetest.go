@@ -175,4 +175,56 @@ func Run(t *testing.T, h Harness) {
 			t.Error(err)
 		}
 	})
+
+	t.Run("Section", func(t *testing.T) { section(t, newStore) })
+}
+
+// section checks Sectioner, for a store that has it (or wraps one that does): a section writes
+// exactly its ranges, in order; a changed file, a missing key and a range past the end fail
+// before anything is written.
+func section(t *testing.T, newStore func(*testing.T) (store.Store, func(string, []byte), []byte)) {
+	ctx := context.Background()
+	s, put, data := newStore(t)
+	sc, ok := s.(store.Sectioner)
+	if !ok {
+		t.Skip("not a store.Sectioner")
+	}
+	info, _ := s.Stat(ctx, "ckpt/model.safetensors")
+	ranges := []store.Range{{Offset: 12345, Length: 70_000}, {Offset: 3, Length: 5}, {Offset: 99_000, Length: 0},
+		{Offset: int64(len(data)) - 1, Length: 1}}
+	sec, err := sc.Section(ctx, "ckpt/model.safetensors", info.Version, ranges)
+	if err != nil {
+		t.Fatalf("Section: %v", err)
+	}
+	var want, got bytes.Buffer
+	for _, r := range ranges {
+		want.Write(data[r.Offset : r.Offset+r.Length])
+	}
+	n, err := sec.WriteTo(&got)
+	sec.Close()
+	if err != nil || n != int64(want.Len()) || !bytes.Equal(got.Bytes(), want.Bytes()) {
+		t.Errorf("WriteTo wrote %d bytes (%v), want the %d bytes of the ranges", n, err, want.Len())
+	}
+	for _, c := range []struct {
+		key    string
+		ranges []store.Range
+		want   error
+	}{
+		{"nope/model.safetensors", ranges[:1], store.ErrNotFound},
+		{"ckpt/model.safetensors", []store.Range{{Offset: int64(len(data)) - 2, Length: 4}}, store.ErrOutOfRange},
+	} {
+		if sec, err := sc.Section(ctx, c.key, info.Version, c.ranges); !errors.Is(err, c.want) {
+			if err == nil {
+				sec.Close()
+			}
+			t.Errorf("Section(%q, %v): %v, want %v", c.key, c.ranges, err, c.want)
+		}
+	}
+	put("ckpt/model.safetensors", pattern(len(data), 5))
+	if sec, err := sc.Section(ctx, "ckpt/model.safetensors", info.Version, ranges); !errors.Is(err, store.ErrChanged) {
+		if err == nil {
+			sec.Close()
+		}
+		t.Errorf("Section of a replaced file with its old version: %v, want ErrChanged", err)
+	}
 }

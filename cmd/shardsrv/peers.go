@@ -1,0 +1,44 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/shardsrv/shardsrv/internal/cache"
+	"github.com/shardsrv/shardsrv/internal/cluster"
+	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/telemetry"
+)
+
+// openCluster builds the chunk cache over the cluster store over st, and starts finding peers.
+// Without --peers the cluster store owns every chunk and only counts what prefetches fill.
+func openCluster(c *config, st store.Store, tel *telemetry.Providers, clientTokens *server.Tokens,
+	log *slog.Logger) (*server.Cluster, error) {
+	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.ChunkBytes, Timeout: c.cluster.Timeout,
+		Tracer: tel.Tracer, Meter: tel.Meter, Logger: log}
+	var peerTokens *server.Tokens
+	if c.cluster.TokenFile != "" {
+		var err error
+		if peerTokens, err = server.LoadTokens(c.cluster.TokenFile, server.TokensOptions{Logger: log}); err != nil {
+			return nil, err
+		}
+		if clientTokens != nil && clientTokens.Valid(peerTokens.First()) {
+			return nil, errors.New("--peer-token-file holds a client token (--auth-tokens-file): a client could " +
+				"then read the peer route; give the replicas a secret of their own")
+		}
+		opts.Token = peerTokens.First
+	}
+	ring, err := cluster.New(st, opts)
+	if err != nil {
+		return nil, err
+	}
+	cached, err := cache.New(ring, c.cache.Bytes, c.cache.ChunkBytes)
+	if err != nil {
+		return nil, err
+	}
+	telemetry.ObserveCache(tel.Meter, cached)
+	c.cluster.Discover(context.Background(), ring, log)
+	return &server.Cluster{Cache: cached, ChunkBytes: c.cache.ChunkBytes, Ring: ring, PeerTokens: peerTokens}, nil
+}

@@ -1,0 +1,277 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardsrv/shardsrv/internal/cache"
+	"github.com/shardsrv/shardsrv/internal/cluster"
+	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/store/storetest"
+)
+
+const (
+	chunk = 4 << 10
+	token = "peer-secret"
+)
+
+// replica is one server's store stack — chunk cache over the cluster store over the shared
+// storage — and a peer route like internal/server's: the token, the chunk read through the cache
+// as a peer's, or warmed.
+type replica struct {
+	cl   *cluster.Store
+	top  *cache.Store
+	srv  *httptest.Server
+	hold chan struct{} // when not nil, the peer route waits on it: a stalled peer
+}
+
+func newReplica(t *testing.T, storage store.Store, timeout time.Duration) *replica {
+	t.Helper()
+	r := &replica{}
+	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(r.serve))
+	r.srv.Start()
+	t.Cleanup(r.srv.Close)
+	var err error
+	r.cl, err = cluster.New(storage, cluster.Options{Self: r.srv.URL, ChunkBytes: chunk, Timeout: timeout,
+		Token: func() string { return token }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.top, err = cache.New(r.cl, 64<<20, chunk); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *replica) serve(w http.ResponseWriter, req *http.Request) {
+	if r.hold != nil {
+		select {
+		case <-r.hold:
+		case <-req.Context().Done():
+			return
+		}
+	}
+	if req.URL.Path != cluster.PeerPath || req.Header.Get("Authorization") != "Bearer "+token {
+		http.Error(w, "no", http.StatusUnauthorized)
+		return
+	}
+	c, warm, err := cluster.ParseQuery(req.URL.Query(), cache.MaxRunBytes)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var filled atomic.Int64
+	ctx := cluster.CountFills(cluster.FromPeer(req.Context()), &filled)
+	buf := make([]byte, c.Length)
+	if err := r.top.ReadAt(ctx, c.Key, c.Version, buf, c.Offset); err != nil {
+		status := http.StatusBadGateway
+		if errors.Is(err, store.ErrChanged) {
+			status = http.StatusConflict
+		}
+		http.Error(w, err.Error(), status)
+		return
+	}
+	if warm {
+		w.Header().Set(cluster.FilledHeader, strconv.FormatInt(filled.Load(), 10))
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(buf)))
+	w.Write(buf)
+}
+
+// cluster starts n replicas over one counting local store holding data as "m/f".
+func newCluster(t *testing.T, n int, timeout time.Duration, data []byte) ([]*replica, *storetest.Counting,
+	func(string, []byte)) {
+	local, put := storetest.Local(t)
+	put("m/f", data)
+	counting := &storetest.Counting{Store: local}
+	var rs []*replica
+	var urls []string
+	for range n {
+		r := newReplica(t, counting, timeout)
+		rs = append(rs, r)
+		urls = append(urls, r.srv.URL)
+	}
+	for _, r := range rs {
+		r.cl.SetPeers(urls)
+	}
+	return rs, counting, put
+}
+
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*31 + i/7)
+	}
+	return b
+}
+
+func version(t *testing.T, s store.Store) string {
+	info, err := s.Stat(context.Background(), "m/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Version
+}
+
+func TestEveryChunkIsReadFromStorageOnce(t *testing.T) {
+	data := pattern(100_003)
+	rs, counting, _ := newCluster(t, 3, 5*time.Second, data)
+	v := version(t, rs[0].top)
+	var wg sync.WaitGroup
+	for i := range 12 { // four clients on each replica, all at once
+		wg.Go(func() {
+			p := make([]byte, len(data))
+			if err := rs[i%3].top.ReadAt(context.Background(), "m/f", v, p, 0); err != nil || !bytes.Equal(p, data) {
+				t.Errorf("client %d: %v (bytes equal: %v)", i, err, bytes.Equal(p, data))
+			}
+		})
+	}
+	wg.Wait()
+	if got := counting.Bytes(); got != int64(len(data)) {
+		t.Errorf("storage read %d bytes for a file of %d on three replicas", got, len(data))
+	}
+	for i, r := range rs {
+		if st := r.cl.Stats(); st.PeerLoads == 0 || st.StorageLoads == 0 || st.PeerErrors != 0 || st.Peers != 3 {
+			t.Errorf("replica %d: %+v; each owns a share and gets the rest from its peers", i, st)
+		}
+	}
+}
+
+func TestADeadPeerCostsBytesNotAFailure(t *testing.T) {
+	data := pattern(64 * chunk)
+	rs, counting, put := newCluster(t, 2, 5*time.Second, data)
+	put("m/g", data)
+	rs[1].srv.CloseClientConnections()
+	rs[1].srv.Close()
+	var errs int64
+	for _, key := range []string{"m/f", "m/g"} {
+		info, _ := rs[0].top.Stat(context.Background(), key)
+		start := time.Now()
+		p := make([]byte, len(data))
+		if err := rs[0].top.ReadAt(context.Background(), key, info.Version, p, 0); err != nil || !bytes.Equal(p, data) {
+			t.Fatalf("ReadAt with a dead peer: %v", err)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("the read took %s: a dead peer must be skipped at once", took)
+		}
+		if key == "m/f" {
+			errs = rs[0].cl.Stats().PeerErrors
+		}
+	}
+	// The fetches in flight when the peer was found dead fail; once it is out, none is tried.
+	st := rs[0].cl.Stats()
+	if st.Peers != 1 || errs == 0 || st.PeerErrors != errs || counting.Bytes() != int64(2*len(data)) {
+		t.Errorf("%+v, %d bytes read: the dead peer is left out after its first failures", st, counting.Bytes())
+	}
+}
+
+func TestASlowPeerIsSkippedWithinTheTimeout(t *testing.T) {
+	data := pattern(8 * chunk)
+	rs, _, _ := newCluster(t, 2, 200*time.Millisecond, data)
+	rs[1].hold = make(chan struct{})
+	defer close(rs[1].hold)
+	v := version(t, rs[0].top)
+	start := time.Now()
+	p := make([]byte, len(data))
+	if err := rs[0].top.ReadAt(context.Background(), "m/f", v, p, 0); err != nil || !bytes.Equal(p, data) {
+		t.Fatalf("ReadAt with a stalled peer: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("the read took %s with a 200ms peer time-out", took)
+	}
+}
+
+func TestAPeerNeverServesAnotherVersion(t *testing.T) {
+	data := pattern(16 * chunk)
+	rs, _, put := newCluster(t, 3, 5*time.Second, data)
+	old := version(t, rs[0].top)
+	put("m/f", pattern(16*chunk+1))
+	for i, r := range rs {
+		err := r.top.ReadAt(context.Background(), "m/f", old, make([]byte, len(data)), 0)
+		if !errors.Is(err, store.ErrChanged) {
+			t.Errorf("replica %d read the old version of a replaced file: %v, want ErrChanged", i, err)
+		}
+	}
+}
+
+func TestWarmFillsTheOwnerOnce(t *testing.T) {
+	data := pattern(4 * chunk)
+	rs, counting, _ := newCluster(t, 2, 5*time.Second, data)
+	c := cluster.Chunk{Key: "m/f", Version: version(t, rs[0].top), Offset: chunk, Length: chunk}
+	for _, want := range []int64{chunk, 0} {
+		filled, err := rs[0].cl.Warm(context.Background(), rs[1].srv.URL, c)
+		if err != nil || filled != want {
+			t.Errorf("Warm = %d, %v; want %d", filled, err, want)
+		}
+	}
+	if counting.Bytes() != chunk {
+		t.Errorf("storage read %d bytes for one chunk warmed twice", counting.Bytes())
+	}
+	c.Version = "other"
+	if _, err := rs[0].cl.Warm(context.Background(), rs[1].srv.URL, c); err == nil {
+		t.Error("a chunk of a version the file does not have was warmed")
+	}
+}
+
+func TestOwnershipIsSharedAndMovesLittle(t *testing.T) {
+	urls := []string{"http://127.0.0.1:40001", "http://127.0.0.1:40002", "http://127.0.0.1:40003"}
+	s, err := cluster.New(nil, cluster.Options{Self: urls[0], ChunkBytes: chunk, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetPeers(urls)
+	const chunks = 3000
+	owners := func() map[int64]string {
+		out := map[int64]string{}
+		for i := range int64(chunks) {
+			out[i], _ = s.Owner(cluster.Chunk{Key: "m/model-00001.safetensors", Version: "etag", Offset: i * chunk})
+		}
+		return out
+	}
+	before := owners()
+	share := map[string]int{}
+	for _, o := range before {
+		share[o]++
+	}
+	for _, u := range urls {
+		if f := float64(share[u]) / chunks; f < 0.28 || f > 0.39 {
+			t.Errorf("%s owns %.2f of the chunks, want about a third", u, f)
+		}
+	}
+	s.SetPeers(append(urls, "http://127.0.0.1:40004"))
+	moved, toNew := 0, 0
+	for i, o := range owners() {
+		if o != before[i] {
+			moved++
+			if o == "http://127.0.0.1:40004" {
+				toNew++
+			}
+		}
+	}
+	if f := float64(toNew) / chunks; moved != toNew || f < 0.15 || f > 0.35 {
+		t.Errorf("adding a fourth replica moved %d chunks, %d of them to it; want only its share, about a quarter",
+			moved, toNew)
+	}
+}
+
+// The clustered store is a store like any other: storage behind two replicas that share chunks.
+func TestConformance(t *testing.T) {
+	storetest.Run(t, storetest.Harness{New: func(t *testing.T) (store.Store, func(string, []byte)) {
+		local, put := storetest.Local(t)
+		a, b := newReplica(t, local, 5*time.Second), newReplica(t, local, 5*time.Second)
+		for _, r := range []*replica{a, b} {
+			r.cl.SetPeers([]string{a.srv.URL, b.srv.URL})
+		}
+		return a.cl, put
+	}})
+}

@@ -1,0 +1,102 @@
+package executor_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// copyPlan stores an 8 MiB U8 tensor and plans all of it, straight, in segments of segBytes.
+func copyPlan(t *testing.T, segBytes int64) (*store.Local, *planner.Plan, []byte) {
+	const n = 8 << 20
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*7 + i>>16)
+	}
+	var file bytes.Buffer
+	safetensors.Write(&file, []safetensors.TensorData{{Name: "w", DType: "U8", Shape: []int64{n}, Data: data}}, nil)
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "ck"), 0o755)
+	os.WriteFile(filepath.Join(dir, "ck", "model.safetensors"), file.Bytes(), 0o644)
+	st, _ := store.NewLocal(dir)
+	t.Cleanup(func() { st.Close() })
+	ck, err := checkpoint.New(st).Open(context.Background(), "ck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := []api.Block{{Offsets: []int64{0}, Lengths: []int64{n}, Source: "w", Base: []int64{0},
+		Coeff: [][]int64{{1}}}}
+	req := &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "w", Dtype: api.U8,
+		Shape: []int64{n}, Boxes: []api.Box{{Offsets: []int64{0}, Lengths: []int64{n}}}, Blocks: &blocks}}}
+	opts := planner.DefaultOptions()
+	opts.SegmentBytes = segBytes
+	p, err := planner.New(req, ck, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, p, data
+}
+
+// settled waits until the executor's memory in flight stops changing, and returns it.
+func settled(e *executor.Executor) int64 {
+	last := int64(-1)
+	for n := e.BytesInFlight(); n != last; n = e.BytesInFlight() {
+		last = n
+		time.Sleep(50 * time.Millisecond)
+	}
+	return last
+}
+
+// A stream whose writer stalls reads ahead only while its segments fit StreamBytes; sent from the
+// file, a segment holds no buffer of its own: none by sendfile, the 256 KiB it is copied through
+// otherwise.
+func TestStreamHoldsAtMostStreamBytes(t *testing.T) {
+	local, plan, data := copyPlan(t, 1<<20)
+	for _, c := range []struct {
+		name  string
+		store store.Store
+		most  int64
+
+		sendfile bool
+	}{
+		{"buffered", struct{ store.Store }{local}, 2 << 20, false}, // two of the window's four 1 MiB segments
+		{"file sections, copied", local, 4 * 256 << 10, false},
+		{"file sections by sendfile", local, 0, true}, // the window does not reach the copied end yet
+	} {
+		e := executor.New(c.store, executor.Config{Window: 4, StreamBytes: 2 << 20, MaxRead: 1 << 20,
+			MemoryBytes: 1 << 30, SocketBytes: 512 << 10})
+		stream, err := e.Stream(context.Background(), plan, c.sendfile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held := settled(e); held > c.most || c.most > 0 && held == 0 {
+			t.Errorf("%s: a stalled stream holds %d bytes, want at most %d", c.name, held, c.most)
+		}
+		var body bytes.Buffer
+		_, err = stream.WriteTo(readFromBuffer{&body})
+		if err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], data) {
+			t.Errorf("%s: %v, or other bytes than the file's", c.name, err)
+		}
+		stream.Close()
+		if held := settled(e); held != 0 {
+			t.Errorf("%s: %d bytes held after the stream closed", c.name, held)
+		}
+	}
+}
+
+// readFromBuffer takes file sections by ReadFrom, as a socket does.
+type readFromBuffer struct{ b *bytes.Buffer }
+
+func (r readFromBuffer) Write(p []byte) (int, error)           { return r.b.Write(p) }
+func (r readFromBuffer) ReadFrom(src io.Reader) (int64, error) { return r.b.ReadFrom(src) }

@@ -1,0 +1,157 @@
+package server_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+)
+
+// shardLength is a 200 shard response's body length, from Shard-Length (always there).
+func shardLength(t *testing.T, res *http.Response) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(res.Header.Get("Shard-Length"), 10, 64)
+	if err != nil {
+		t.Fatalf("Shard-Length %q: %v", res.Header.Get("Shard-Length"), err)
+	}
+	return n
+}
+
+// reprDigest is the Repr-Digest field value of a body.
+func reprDigest(body []byte) string {
+	sum := sha256.Sum256(body)
+	return "sha-256=:" + base64.StdEncoding.EncodeToString(sum[:]) + ":"
+}
+
+// checkDigest checks a whole 200 shard response: the digest it announced trails it and matches the
+// body; a response without one has an exact Content-Length.
+func checkDigest(t *testing.T, res *http.Response, body []byte) {
+	t.Helper()
+	if res.Request.URL.Path != "/v1/shards" || res.StatusCode != 200 {
+		return
+	}
+	if n := shardLength(t, res); n != int64(len(body)) {
+		t.Errorf("Shard-Length %d, body %d bytes", n, len(body))
+	}
+	if _, announced := res.Trailer["Repr-Digest"]; !announced { // the client moves Trailer there
+		if res.ContentLength != int64(len(body)) {
+			t.Errorf("no digest and Content-Length %d for a body of %d bytes", res.ContentLength, len(body))
+		}
+		return
+	}
+	if got, want := res.Trailer.Get("Repr-Digest"), reprDigest(body); got != want {
+		t.Errorf("Repr-Digest %q, the body's is %q", got, want)
+	}
+}
+
+// postShards sends a shard request with extra header lines (name, value, ...) and reads the whole
+// response.
+func postShards(t *testing.T, url string, req api.ShardRequest, header ...string) (*http.Response, []byte) {
+	t.Helper()
+	raw, _ := json.Marshal(req)
+	hreq, _ := http.NewRequest("POST", url+"/v1/shards", bytes.NewReader(raw))
+	hreq.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		hreq.Header.Add(header[i], header[i+1])
+	}
+	res, err := http.DefaultClient.Do(hreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("reading the body: %v", err)
+	}
+	return res, body
+}
+
+// Every kind of 200 shard response trails the SHA-256 of its body — direct runs (sent from the
+// file or the cache), gathered and converted ones, the safetensors format — on every store, and
+// one the client declines has an exact Content-Length and no trailer.
+func TestReprDigestTrailsEveryShard(t *testing.T) {
+	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
+		data := make([]byte, 64*1024*2)
+		for i := range data {
+			data[i] = byte(i * 7)
+		}
+		writeCheckpoint(t, h, "m",
+			safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{64, 1024}, Data: data})
+		direct := api.TensorRequest{Name: "w", Dtype: api.BF16, Shape: []int64{64, 1024}, Boxes: whole(64, 1024),
+			Blocks: copyOf("w", 64, 1024)}
+		widened := direct
+		widened.Dtype = api.F32
+		safetensorsFormat := api.Safetensors
+		for name, req := range map[string]api.ShardRequest{
+			"direct":      shardReq("m", direct),
+			"gathered":    shardReq("m", widened),
+			"safetensors": {Checkpoint: "m", Tensors: []api.TensorRequest{direct}, Format: &safetensorsFormat},
+		} {
+			for _, declined := range []bool{false, true} {
+				var header []string
+				if declined {
+					header = []string{"Want-Repr-Digest", "sha-256=0"}
+				}
+				res, body := postShards(t, h.url, req, header...)
+				if res.StatusCode != 200 {
+					t.Fatalf("%s: %d %s", name, res.StatusCode, body)
+				}
+				if name == "direct" && !bytes.Equal(body, data) {
+					t.Errorf("%s: the body is not the tensor's bytes", name)
+				}
+				checkDigest(t, res, body)
+				if trailed := res.Trailer.Get("Repr-Digest") != ""; trailed == declined {
+					t.Errorf("%s, declined %v: trailers %v", name, declined, res.Trailer)
+				}
+			}
+		}
+	})
+}
+
+// Want-Repr-Digest is an RFC 8941 dictionary of algorithm preferences: sha-256 at 0 declines the
+// digest, wherever it stands and however the lines split; a field that does not parse, sha-256
+// preferred or not named leave it on.
+func TestWantReprDigestDeclinesOnlySha256AtZero(t *testing.T) {
+	dir := t.TempDir()
+	req, _ := u8File(t, dir, pattern(1000, 2))
+	handler, _ := fileServer(t, dir, 1<<20, 1<<30, 0)
+	ts := httptest.NewServer(handler)
+	defer ts.Close()
+	for _, c := range []struct {
+		lines    []string
+		declined bool
+	}{
+		{nil, false},
+		{[]string{"sha-256=0"}, true},
+		{[]string{"sha-512=3, sha-256=0"}, true},
+		{[]string{"sha-512=3", "sha-256=0"}, true},
+		{[]string{"sha-256=0;note=\"x\", unixsum=?1"}, true},
+		{[]string{"sha-256=1"}, false},
+		{[]string{"sha-512=0"}, false},
+		{[]string{"sha-256=0, sha-256=2"}, false}, // the last member stands
+		{[]string{"sha-256"}, false},              // a boolean, not a preference
+		{[]string{"sha-256=0,"}, false},           // not a dictionary: ignored
+		{[]string{"SHA-256=0"}, false},            // keys are lower case
+		{[]string{"sha-256=0.0"}, false},          // a decimal, not an integer
+	} {
+		var header []string
+		for _, l := range c.lines {
+			header = append(header, "Want-Repr-Digest", l)
+		}
+		res, body := postShards(t, ts.URL, req, header...)
+		checkDigest(t, res, body)
+		if _, trailed := res.Trailer["Repr-Digest"]; res.StatusCode != 200 || trailed == c.declined {
+			t.Errorf("Want-Repr-Digest %q: %d, trailers %v; declined should be %v", c.lines, res.StatusCode,
+				res.Trailer, c.declined)
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package server_test
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/oms"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/verify"
+)
+
+// verifyShardBytes is the shard size the e2e suite signs with: small, so reads are widened and
+// checked across many shards.
+const verifyShardBytes = 4096
+
+// signedLocal is a local store under --verify required whose put signs the checkpoint folder
+// again after every write, as a publisher would: the whole end-to-end suite runs over it, and
+// verification must change no byte.
+func signedLocal(t *testing.T) (st store.Store, put func(key string, data []byte), dir string) {
+	dir = t.TempDir()
+	local, err := store.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := localPut(t, dir)
+	v := verify.New(local, verify.ModeRequired, []crypto.PublicKey{key.Public()}, 0)
+	v.Revalidate = 0 // tests replace files and signatures back to back
+	return v, func(k string, data []byte) {
+		write(k, data)
+		folder, _, _ := strings.Cut(k, "/")
+		sign(t, filepath.Join(dir, folder), key)
+	}, dir
+}
+
+// sign writes model.sig over every file under dir.
+func sign(t *testing.T, dir string, key crypto.Signer) {
+	var files []oms.FileSource
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if oms.DefaultIgnored(filepath.ToSlash(rel)) {
+			return nil
+		}
+		data, err := os.ReadFile(p)
+		files = append(files, oms.FileSource{Path: filepath.ToSlash(rel), Size: int64(len(data)),
+			R: bytes.NewReader(data)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	m, err := oms.BuildShards(filepath.Base(dir), files, verifyShardBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle, err := oms.Sign(m, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, oms.SignatureFile), bundle, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Tampered storage through HTTP: a problem before the first byte, or an aborted stream, never a
+// wrong byte.
+func TestTamperedCheckpointThroughHTTP(t *testing.T) {
+	st, put, dir := signedLocal(t)
+	opts := planner.DefaultOptions()
+	opts.SegmentBytes = 64 << 10
+	h := newHarness(t, opts, st, put)
+	data := arange(0, 64<<10) // 256 KiB of F32: many shards, four segments
+	writeCheckpoint(t, h, "m", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{64 << 10},
+		Data: f32(data...)})
+	req := shardReq("m", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{64 << 10},
+		Boxes: whole(64 << 10), Blocks: copyOf("w", 64<<10)})
+	if res := h.do("POST", "/v1/shards", req); res.status != http.StatusOK || !bytes.Equal(res.body, f32(data...)) {
+		t.Fatalf("a signed checkpoint: %d %s", res.status, res.body)
+	}
+	path := filepath.Join(dir, "m", "model.safetensors")
+	pristine, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := len(pristine) - len(data)*4 // where the tensor's bytes begin
+	// A byte of the first segment (a problem before the first byte), then one of the last (an
+	// aborted stream).
+	for _, at := range []int{start + 100, len(pristine) - 10} {
+		raw := bytes.Clone(pristine)
+		raw[at] ^= 0x40
+		if err := os.WriteFile(path, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		body, _ := json.Marshal(req)
+		res, err := http.Post(h.url+"/v1/shards", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, rerr := io.ReadAll(res.Body)
+		res.Body.Close()
+		switch {
+		case res.StatusCode == http.StatusOK && rerr == nil:
+			t.Fatalf("a damaged checkpoint streamed a complete body (%d bytes, exact: %v)", len(got),
+				bytes.Equal(got, f32(data...)))
+		case res.StatusCode != http.StatusOK && (res.StatusCode != http.StatusBadGateway ||
+			!strings.Contains(string(got), "integrity-mismatch")):
+			t.Errorf("byte %d flipped: %d %s, want 502 integrity-mismatch", at, res.StatusCode, got)
+		}
+	}
+}
