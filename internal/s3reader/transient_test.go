@@ -47,7 +47,12 @@ func TestTransientClassification(t *testing.T) {
 		{"404", responseError(404, "NoSuchKey"), false},
 		{"412", responseError(412, "PreconditionFailed"), false},
 		{"connection reset", sendError(&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), true},
-		{"connection refused", sendError(&url.Error{Op: "Get", URL: "http://x", Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}), true},
+		{
+			"connection refused",
+			sendError(&url.Error{Op: "Get", URL: "http://x",
+				Err: &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}}),
+			true,
+		},
 		{"host not found", &url.Error{Op: "Get", URL: "http://x", Err: &net.OpError{Op: "dial", Net: "tcp",
 			Err: &net.DNSError{Err: "no such host", Name: "x", IsNotFound: true}}}, false},
 		{"cancelled", context.Canceled, false},

@@ -174,9 +174,11 @@ func localPut(t *testing.T, dir string) func(string, []byte) {
 func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(string, []byte)) *harness {
 	t.Helper()
 	srv := server.New(server.Config{
-		Catalog: checkpoint.New(
-			st,
-		), Executor: executor.New(st, executor.Config{Window: 3, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}), Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20},
+		Catalog: checkpoint.New(st),
+		Executor: executor.New(st,
+			executor.Config{Window: 3, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}),
+		Planner: opts,
+		Limits:  server.Limits{MaxBodyBytes: 1 << 20},
 	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

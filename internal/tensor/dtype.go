@@ -35,7 +35,8 @@ const (
 
 var dtypeNames = [...]string{
 	BOOL: "BOOL", U8: "U8", I8: "I8", U16: "U16", I16: "I16", U32: "U32", I32: "I32", U64: "U64",
-	I64: "I64", F16: "F16", BF16: "BF16", F32: "F32", F64: "F64", F8E4M3: "F8_E4M3", F8E5M2: "F8_E5M2", F8E8M0: "F8_E8M0", F4: "F4",
+	I64: "I64", F16: "F16", BF16: "BF16", F32: "F32", F64: "F64",
+	F8E4M3: "F8_E4M3", F8E5M2: "F8_E5M2", F8E8M0: "F8_E8M0", F4: "F4",
 }
 
 var dtypeSizes = [...]int{

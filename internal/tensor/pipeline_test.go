@@ -94,8 +94,9 @@ func TestCastChangesWorkingDType(t *testing.T) {
 	binary.LittleEndian.PutUint32(src[4:], 7)
 	out := make([]byte, 16)
 	p.Run(out, 8, src, 4, 2)
-	if a, b := math.Float64frombits(binary.LittleEndian.Uint64(out)), math.Float64frombits(binary.LittleEndian.Uint64(out[8:])); a != -1.5 ||
-		b != 3.5 {
+	a := math.Float64frombits(binary.LittleEndian.Uint64(out))
+	b := math.Float64frombits(binary.LittleEndian.Uint64(out[8:]))
+	if a != -1.5 || b != 3.5 {
 		t.Errorf("got %v %v", a, b)
 	}
 	// cast to BF16 rounds, the later F32 store keeps the rounded value.
@@ -128,8 +129,12 @@ func TestEncodeFill(t *testing.T) {
 		d    DType
 		v    string
 		want uint64
-	}{{I64, "9007199254740993", 9007199254740993}, {I64, "-9223372036854775808", 1 << 63}, {U64, "18446744073709551615", 1<<64 - 1},
-		{I32, "2.50e1", 25}, {U8, "-0", 0}, {BOOL, "1.0", 1}} {
+	}{
+		{I64, "9007199254740993", 9007199254740993},
+		{I64, "-9223372036854775808", 1 << 63},
+		{U64, "18446744073709551615", 1<<64 - 1},
+		{I32, "2.50e1", 25}, {U8, "-0", 0}, {BOOL, "1.0", 1},
+	} {
 		b, err := EncodeFill(c.d, c.v)
 		if err != nil {
 			t.Errorf("EncodeFill(%s, %s): %v", c.d, c.v, err)

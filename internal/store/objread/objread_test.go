@@ -205,7 +205,8 @@ func TestFlags(t *testing.T) {
 	if err := ValidateFlags("gcs", inFlight, timeout, budget); err != nil {
 		t.Error(err)
 	}
-	if err := ValidateFlags("gcs", 0, timeout, budget); err == nil || !strings.Contains(err.Error(), "--gcs-max-in-flight") {
+	err := ValidateFlags("gcs", 0, timeout, budget)
+	if err == nil || !strings.Contains(err.Error(), "--gcs-max-in-flight") {
 		t.Errorf("ValidateFlags with no slots: %v", err)
 	}
 }
