@@ -78,6 +78,7 @@ func main() {
 		log.Printf("writing a 2 GiB checkpoint to %s", dir)
 		writeBig(filepath.Join(dir, "store", "big"))
 		localScenarios(r, bin, filepath.Join(dir, "store"))
+		verifyScenario(r, bin, filepath.Join(dir, "store"))
 	}
 	if want("s3") {
 		s3Scenarios(r, bin, dir)

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/oms"
+)
+
+// verifyScenario: the 1 GiB direct shard of the local scenario from a signed checkpoint, with
+// --verify required against --verify off, digest declined (so the hashing measured is the
+// verification's alone).
+func verifyScenario(r *report, bin, store string) {
+	const gib = 1 << 30
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(err)
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	must(err)
+	pub, err := x509.MarshalPKIXPublicKey(key.Public())
+	must(err)
+	keyFile, pubFile := filepath.Join(scratch, "sign.pem"), filepath.Join(scratch, "sign.pub.pem")
+	must(os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600))
+	must(os.WriteFile(pubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644))
+	run(bin, "sign", "--key", keyFile, filepath.Join(store, "big"))
+	defer os.Remove(filepath.Join(store, "big", oms.SignatureFile)) // later scenarios read it unsigned
+	off := startServer(bin, store, "--verify", "off")
+	on := startServer(bin, store, "--verify", "required", "--trust-key", pubFile)
+	direct := bodyFile(rowSlab("big", 0, gib/rowBytes, 1, api.BF16))
+	ds := interleaved(
+		func() { curl("http://"+off.addr+"/v1/shards", direct, gib, declined) },
+		func() { curl("http://"+on.addr+"/v1/shards", direct, gib, declined) },
+	)
+	off.stop()
+	on.stop()
+	r.add("Verification: 1 GiB direct shard of a signed local checkpoint (1 MiB shards), digest declined",
+		row{"--verify off", throughput(gib, ds[0]), ""},
+		row{"--verify required (every byte read hashed and compared before use)", throughput(gib, ds[1]),
+			fmt.Sprintf("%.2f× --verify off (goal ≥ 0.85×)", ratio(ds[0], ds[1]))},
+	)
+}
