@@ -519,7 +519,8 @@ func (r *report) markdown() string {
 	)
 	fmt.Fprintf(&b, "Machine: %d cores (%s), %s, %s/%s. Each timed scenario runs once to warm up, then %d times; "+
 		"the table gives the median and the range. Baselines run in the same run, interleaved with what they are "+
-		"compared with (one of each in turn), so the ratios are what counts.\n\n",
+		"compared with (one of each in turn), so the ratios are what counts. Where a goal is not met, "+
+		"[performance.md](performance.md) says where the time goes and what would close it.\n\n",
 		runtime.NumCPU(), cpu, runtime.Version(), runtime.GOOS, runtime.GOARCH, *reps)
 	for _, s := range r.sections {
 		fmt.Fprintf(&b, "## %s\n\n| | measured | note |\n|---|---|---|\n", s.title)
