@@ -40,7 +40,7 @@ func fileServer(t *testing.T, dir string, segBytes, budget, socket int64) (http.
 	opts.SegmentBytes = segBytes
 	opts.MaxPlanBytes = 1 << 20
 	ex := executor.New(st, executor.Config{Window: 4, MaxRead: opts.MaxRead, MemoryBytes: budget,
-		AdmitWait: 100 * time.Millisecond, SocketBytes: socket})
+		AdmitWait: executor.DefaultAdmitWait, SocketBytes: socket}) // plans reserve memory while built: let them wait
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: ex, Planner: opts,
 		Limits: server.Limits{MaxBodyBytes: 1 << 20, WriteTimeout: 10 * time.Second}})
 	return srv.Handler(), ex
