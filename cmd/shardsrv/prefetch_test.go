@@ -27,7 +27,7 @@ func TestPrefetchCommand(t *testing.T) {
 	local, _ := store.NewLocal(dir)
 	counting := &storetest.Counting{Store: local}
 	const chunk = 4 << 10
-	ring, err := cluster.New(counting, cluster.Options{ChunkBytes: chunk, Timeout: time.Second})
+	ring, err := cluster.New(counting, cluster.Options{ChunkBytes: chunk, StripeBytes: chunk, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -199,11 +199,7 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 	// Verification sits under the cache: what the cache holds was verified once, when it was read.
-	var chunk int64
-	if c.cache.Bytes > 0 {
-		chunk = c.cache.ChunkBytes
-	}
-	verifier := verify.New(st, c.verify.Mode, keys, chunk)
+	verifier := verify.New(st, c.verify.Mode, keys)
 	if verifier.Mode() != c.verify.Mode {
 		log.Warn("no --trust-key: signatures are not checked", "verify", string(c.verify.Mode))
 	}

@@ -39,10 +39,11 @@ type Config struct {
 func DefaultConfig() Config { return Config{ChunkBytes: 4 << 20} }
 
 // ObjectStoreConfig suits object stores, where every read is a billed round trip: 512 MiB in
-// 1 MiB chunks, so a read costs at most two chunks more than it needs (a 6 MiB rank of a fused
-// QKV reads at most 9, not the 24 of 8 MiB chunks); runs of missing chunks are read together, one
-// request's worth (MaxRunBytes) at a time.
-func ObjectStoreConfig() Config { return Config{Bytes: 512 << 20, ChunkBytes: 1 << 20} }
+// 256 KiB chunks, so a read costs at most two small chunks more than it needs (a 6 MiB rank of a
+// fused QKV, three regions, reads at most 7.5 MiB, not the 24 of 8 MiB chunks), while runs of
+// missing chunks are read together, up to MaxRunBytes a request, so small chunks cost no more
+// requests.
+func ObjectStoreConfig() Config { return Config{Bytes: 512 << 20, ChunkBytes: 256 << 10} }
 
 // RegisterFlags registers the cache's flags on fs; the values c holds are the defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
@@ -73,7 +74,8 @@ type Stats struct {
 // Store is a caching store.Store.
 type Store struct {
 	inner  store.Store
-	split  Splitter // inner, when it is one
+	split  Splitter      // inner, when it is one
+	align  store.Aligner // inner, when it is one
 	chunk  int64
 	chunks *lru.Cache[chunkKey, *chunk]
 	sizes  *lru.Cache[string, checked] // per key@version
@@ -140,6 +142,7 @@ func New(inner store.Store, capacity, chunkSize int64) (*Store, error) {
 	}
 	s := &Store{inner: inner, chunk: chunkSize, Revalidate: 5 * time.Second, flights: map[chunkKey]*flight{}}
 	s.split, _ = inner.(Splitter)
+	s.align, _ = inner.(store.Aligner)
 	var err error
 	s.chunks, err = lru.NewWithEvict[chunkKey, *chunk](
 		int(capacity/chunkSize),
@@ -303,8 +306,8 @@ func (s *Store) slices(cs []*chunk, off, end int64) [][]byte {
 const MaxRunBytes = 8 << 20
 
 // Splitter is a store under the cache that a read must not run across some chunk boundaries of:
-// the cluster store reads a run from the one replica that owns its chunks, so a run joining two
-// owners' chunks would make each replica's fill wait for the other's.
+// the cluster store reads each stripe from the replica that owns it, and a fill that waited for
+// two owners could wait for a fill that waits for it.
 type Splitter interface {
 	// Split reports whether a run must end before off, a chunk boundary.
 	Split(key, version string, off int64) bool
@@ -312,7 +315,9 @@ type Splitter interface {
 
 // pin references every chunk of [off, end) (end > off) of one file version. Missing chunks no
 // fill is under way for are filled in runs of adjacent chunks, one storage read a run, so a read
-// of many small chunks costs one request, not one a chunk; when it fails it holds none.
+// of many small chunks costs one request, not one a chunk; when it fails it holds none. A run is
+// widened to whole units of the store below (store.Aligner): the chunks it adds are filled for
+// later readers, since the store would read them anyway.
 func (s *Store) pin(ctx context.Context, key, version string, size, off, end int64) ([]*chunk, error) {
 	first := off / s.chunk
 	cs := make([]*chunk, (end-1)/s.chunk-first+1)
@@ -329,6 +334,12 @@ func (s *Store) pin(ctx context.Context, key, version string, size, off, end int
 	if !missed {
 		return cs, nil
 	}
+	unit := int64(1)
+	if s.align != nil {
+		unit = max(1, s.align.Alignment(ctx, key, version))
+	}
+	lo := off / unit * unit / s.chunk                                 // the first chunk a fill may read
+	hi := (min((end+unit-1)/unit*unit, size) + s.chunk - 1) / s.chunk // and the chunk after the last
 	fs := make([]*flight, len(cs))
 	var run []*flight // new flights of adjacent chunks, for one fill
 	// A fill outlives the caller that started it: others may be waiting for it.
@@ -340,31 +351,37 @@ func (s *Store) pin(ctx context.Context, key, version string, size, off, end int
 		}
 	}
 	s.mu.Lock()
-	for i := range cs {
-		if cs[i] != nil {
+	for j := lo; j < hi; j++ {
+		i := j - first
+		asked := i >= 0 && i < int64(len(cs))
+		if asked && cs[i] != nil {
 			startRun()
 			continue
 		}
-		s.misses.Add(1)
-		k := chunkKey{key, version, first + int64(i)}
+		k := chunkKey{key, version, j}
 		f, ok := s.flights[k]
 		switch {
 		case ok:
 			startRun()
-		case s.peekRef(k, &cs[i]): // filled while this caller looked
+		case asked && s.peekRef(k, &cs[i]), !asked && s.chunks.Contains(k): // filled while this caller looked
 			startRun()
 			continue
 		default:
-			if int64(len(run)+1)*s.chunk > max(MaxRunBytes, s.chunk) ||
-				s.split != nil && s.split.Split(key, version, k.index*s.chunk) {
+			// A long run is cut where a unit starts, or past one unit more than the longest.
+			n := int64(len(run)+1) * s.chunk
+			if n > max(MaxRunBytes, s.chunk) && (j*s.chunk%unit == 0 || n > MaxRunBytes+unit) ||
+				s.split != nil && s.split.Split(key, version, j*s.chunk) {
 				startRun()
 			}
-			f = &flight{done: make(chan struct{}), index: k.index}
+			f = &flight{done: make(chan struct{}), index: j}
 			s.flights[k] = f
 			run = append(run, f)
 		}
-		f.waiters++
-		fs[i] = f
+		if asked {
+			s.misses.Add(1)
+			f.waiters++
+			fs[i] = f
+		}
 	}
 	startRun()
 	s.mu.Unlock()

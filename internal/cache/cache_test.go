@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,5 +240,57 @@ func TestEvictionNeverRecyclesAChunkBeingWritten(t *testing.T) {
 	wg.Wait()
 	if st := small.Stats(); st.Evictions == 0 {
 		t.Errorf("stats %+v: nothing was evicted, the test proves nothing", st)
+	}
+}
+
+// aligned is a store whose reads cost whole units, as the verifying store's do.
+type aligned struct {
+	*storetest.Counting
+	unit int64
+	bad  atomic.Int64 // reads that did not start and end on a unit (or the file's end)
+	size int64
+}
+
+func (a *aligned) Alignment(context.Context, string, string) int64 { return a.unit }
+
+func (a *aligned) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
+	if end := off + int64(len(p)); off%a.unit != 0 || end%a.unit != 0 && end != a.size {
+		a.bad.Add(1)
+	}
+	return a.Counting.ReadAt(ctx, key, version, p, off)
+}
+
+// Property: under a store that reads whole units, reads in any order fill whole units, each once.
+func TestFillsReadWholeUnitsOnce(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	inner, put := local(t)
+	ctx := context.Background()
+	for iter := range 100 {
+		chunk := int64(1+r.IntN(8)) * 512
+		unit := chunk * int64(1+r.IntN(4))
+		size := 1 + r.Int64N(40*unit)
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(i*7) ^ byte(iter)
+		}
+		key := fmt.Sprint("f", iter)
+		put(key, data)
+		info, _ := inner.Stat(ctx, key)
+		a := &aligned{Counting: &storetest.Counting{Store: inner}, unit: unit, size: size}
+		c, err := cache.New(a, 64*size+chunk, chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 20 {
+			off := r.Int64N(size)
+			p := make([]byte, 1+r.Int64N(size-off))
+			if err := c.ReadAt(ctx, key, info.Version, p, off); err != nil || !bytes.Equal(p, data[off:off+int64(len(p))]) {
+				t.Fatalf("chunk %d, unit %d, size %d: read [%d, +%d): %v", chunk, unit, size, off, len(p), err)
+			}
+		}
+		if a.bad.Load() != 0 || a.Bytes() > size {
+			t.Fatalf("chunk %d, unit %d, size %d: %d reads off the units, %d bytes read", chunk, unit, size,
+				a.bad.Load(), a.Bytes())
+		}
 	}
 }

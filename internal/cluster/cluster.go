@@ -42,12 +42,15 @@
 // Versions hold: a chunk is named by key, version and range, and its owner reads it with that
 // version (If-Match on object stores), so a peer answers with the bytes of the version asked or an
 // error, never another version's bytes. A chunk a peer asks for is read here from storage, never
-// sent on (FromPeer), and a replica refuses chunks it does not own (Owns) or waits for a peer to
-// give (Waits), so replicas that disagree about the ring for a moment cost a read, never a loop or
-// two fills waiting for each other.
+// sent on (FromPeer), and a replica refuses chunks it does not own (Owns) or waits for a live peer
+// to give (Waits), so replicas that disagree about the ring for a moment cost a read, never a loop
+// or two fills waiting for each other. When a replica dies, its peers that were waiting for it
+// take its chunks over without reading any twice: a new owner still waiting for the dead one
+// counts that wait as over, and a peer asking it joins the read it then makes.
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -82,6 +85,9 @@ import (
 // per chunk.
 const DownFor = 10 * time.Second
 
+// DefaultStripeBytes is the unit of ownership unless Options say otherwise (see Store.stripe).
+const DefaultStripeBytes = 4 << 20
+
 // ringReplicas is the points each peer takes on the ring: enough that three peers own shares
 // within a few percent of a third.
 const ringReplicas = 160
@@ -98,8 +104,10 @@ func ringHash(b []byte) uint32 {
 type Options struct {
 	// Self is this replica's base URL as its peers reach it (--advertise); "" when it runs alone.
 	Self string
-	// ChunkBytes is the unit of ownership: the chunk cache's chunk above this store.
+	// ChunkBytes is the chunk cache's chunk above this store.
 	ChunkBytes int64
+	// StripeBytes is the unit of ownership, rounded up to whole chunks (0: DefaultStripeBytes).
+	StripeBytes int64
 	// Token is the shared secret presented to peers.
 	Token func() string
 	// Timeout bounds one fetch from a peer, from dialling to the last byte; past it the chunk is
@@ -113,8 +121,13 @@ type Options struct {
 // Store reads chunks through their owners. Reads without a version pass through: without one, no
 // two replicas can know they mean the same bytes.
 type Store struct {
-	inner  store.Store
-	opts   Options
+	inner store.Store
+	opts  Options
+	// stripe is the unit of ownership: the chunks of one stripe have one owner, so a run is asked
+	// of one replica in one request however small the chunks, and a signed shard up to its size
+	// (the verifying store's unit of reading) is never split between two owners, which would each
+	// read all of it. Small enough that a tensor's stripes spread over the replicas.
+	stripe int64
 	group  *groupcache.Group
 	client *http.Client
 	tracer trace.Tracer
@@ -123,7 +136,7 @@ type Store struct {
 	mu      sync.Mutex
 	peers   []string             // as set, normalized and sorted
 	down    map[string]time.Time // peer → when it rejoins the ring
-	waiting map[string]int       // chunk → fetches from peers under way for it (wait)
+	waiting map[string][]string  // chunk → the peers fetches under way for it wait on (fetchWaiting)
 	ring    *consistenthash.Map  // over the peers that are not down
 	shared  bool                 // the ring holds a peer besides this replica
 	revive  time.Time            // the earliest down mark that ends; zero when none
@@ -173,10 +186,11 @@ func New(inner store.Store, opts Options) (*Store, error) {
 	s := &Store{
 		inner:   inner,
 		opts:    opts,
+		stripe:  (cmp.Or(opts.StripeBytes, DefaultStripeBytes) + opts.ChunkBytes - 1) / opts.ChunkBytes * opts.ChunkBytes,
 		client:  newClient(opts.Timeout),
 		tracer:  opts.Tracer.Tracer("shardsrv/cluster"),
 		down:    map[string]time.Time{},
-		waiting: map[string]int{},
+		waiting: map[string][]string{},
 		ring:    consistenthash.New(ringReplicas, ringHash),
 	}
 	registerOnce.Do(func() {
@@ -294,34 +308,44 @@ func (s *Store) markDown(peer string, err error) {
 		"for", DownFor.String(), "err", err)
 }
 
-// wait notes that this replica waits for a peer to give c's chunks, until done is called. Its peer
-// route refuses those chunks meanwhile (Waits), so that no two replicas wait for each other's fills.
-func (s *Store) wait(c Chunk) (done func()) {
+// fetchWaiting fetches c from peer, noting meanwhile that this replica waits for it. Its peer
+// route refuses c meanwhile (Waits), so that no two replicas wait for each other's fills.
+func (s *Store) fetchWaiting(ctx context.Context, peer string, c Chunk) ([]byte, error) {
 	ids := s.chunkIDs(c)
 	s.mu.Lock()
 	for _, id := range ids {
-		s.waiting[id]++
+		s.waiting[id] = append(s.waiting[id], peer)
 	}
 	s.mu.Unlock()
-	return func() {
+	defer func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, id := range ids {
-			if s.waiting[id]--; s.waiting[id] == 0 {
+			w := s.waiting[id]
+			if w = slices.Delete(w, slices.Index(w, peer), slices.Index(w, peer)+1); len(w) == 0 {
 				delete(s.waiting, id)
+			} else {
+				s.waiting[id] = w
 			}
 		}
-	}
+	}()
+	b, _, err := s.fetch(ctx, peer, c, false)
+	return b, err
 }
 
-// Waits reports whether this replica waits for a peer to give any chunk of c.
+// Waits reports whether this replica waits for a peer that is up to give any chunk of c. A wait
+// for a peer found down ends with that peer's error, after which this replica reads the chunk
+// itself if it owns it now: a peer asking for c meanwhile joins that read instead of making its own.
 func (s *Store) Waits(c Chunk) bool {
 	ids := s.chunkIDs(c)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.reviveLocked(time.Now())
 	for _, id := range ids {
-		if s.waiting[id] > 0 {
-			return true
+		for _, peer := range s.waiting[id] {
+			if _, down := s.down[peer]; !down {
+				return true
+			}
 		}
 	}
 	return false
@@ -354,13 +378,13 @@ func (s *Store) Heard(header string) {
 	}
 }
 
-// Owner returns the replica that owns the chunk starting at c.Offset, and whether it is this one
-// (also when no peer is known).
+// Owner returns the replica that owns the stripe c.Offset is in, and whether it is this one (also
+// when no peer is known).
 func (s *Store) Owner(c Chunk) (peer string, self bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reviveLocked(time.Now())
-	peer = s.ring.Get(c.Key + "\x00" + c.Version + "\x00" + strconv.FormatInt(c.Offset/s.opts.ChunkBytes, 10))
+	peer = s.ring.Get(c.Key + "\x00" + c.Version + "\x00" + strconv.FormatInt(c.Offset/s.stripe, 10))
 	if peer == "" {
 		peer = s.opts.Self
 	}
@@ -371,7 +395,7 @@ func (s *Store) Owner(c Chunk) (peer string, self bool) {
 // not own sees the ring otherwise, as happens for a moment when a replica joins or leaves: told so
 // at once, the peer reads the chunk from storage, where both could wait for each other's fill.
 func (s *Store) Owns(c Chunk) bool {
-	for off := c.Offset; off < c.Offset+c.Length; off = s.chunkEnd(off) {
+	for off := c.Offset; off < c.Offset+c.Length; off = (off/s.stripe + 1) * s.stripe {
 		if _, self := s.Owner(Chunk{Key: c.Key, Version: c.Version, Offset: off}); !self {
 			return false
 		}
@@ -407,14 +431,12 @@ type peerGetter struct {
 }
 
 func (g peerGetter) Get(ctx context.Context, _ *pb.GetRequest, out *pb.GetResponse) error {
-	done := g.s.wait(g.c)
-	b, _, err := g.s.fetch(ctx, g.peer, g.c, false)
+	b, err := g.s.fetchWaiting(ctx, g.peer, g.c)
 	// A peer found gone has left the ring: the run's new owner is asked, once, where each replica
 	// that found the peer gone would otherwise read the run from storage.
 	if next, self := g.s.Owner(g.c); err != nil && !self && next != g.peer {
-		b, _, err = g.s.fetch(ctx, next, g.c, false)
+		b, err = g.s.fetchWaiting(ctx, next, g.c)
 	}
-	done()
 	if err != nil {
 		g.s.peerErrors.Add(1)
 		return err
@@ -432,8 +454,8 @@ func (s *Store) Warm(ctx context.Context, peer string, c Chunk) (int64, error) {
 	return filled, err
 }
 
-// ReadAt implements store.Store: each run of chunks with one owner from that owner, in one request
-// of at most cache.MaxRunBytes. The cache above asks for one such run at a time (Split).
+// ReadAt implements store.Store: the part in each stripe from the stripe's owner, in one request.
+// The cache above asks for one stripe at a time (Split).
 func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
 	if version == "" || len(p) == 0 || fromPeer(ctx) || !s.isShared() {
 		return s.readStorage(ctx, key, version, p, off)
@@ -444,10 +466,7 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 	g, gctx := errgroup.WithContext(ctx)
 	end := off + int64(len(p))
 	for lo := off; lo < end; {
-		hi := min(end, s.chunkEnd(lo))
-		for hi < end && hi-lo < cache.MaxRunBytes && !s.Split(key, version, hi) {
-			hi = min(end, s.chunkEnd(hi))
-		}
+		hi := min(end, (lo/s.stripe+1)*s.stripe)
 		dst := p[lo-off : hi-off]
 		c := Chunk{Key: key, Version: version, Offset: lo, Length: hi - lo}
 		g.Go(func() error { return s.group.Get(gctx, c.groupKey(), groupcache.TruncatingByteSliceSink(&dst)) })
@@ -459,12 +478,15 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 // chunkEnd is where the chunk holding off ends.
 func (s *Store) chunkEnd(off int64) int64 { return (off/s.opts.ChunkBytes + 1) * s.opts.ChunkBytes }
 
-// Split implements cache.Splitter: a run ends where the owner changes.
-func (s *Store) Split(key, version string, off int64) bool {
-	before, _ := s.Owner(Chunk{Key: key, Version: version, Offset: off - 1})
-	after, _ := s.Owner(Chunk{Key: key, Version: version, Offset: off})
-	return before != after
-}
+// Stripe is the unit of ownership: the most a peer is asked for in one request.
+func (s *Store) Stripe() int64 { return s.stripe }
+
+// Split implements cache.Splitter: with peers, a run ends where a stripe does. A fill then waits
+// for one owner only, so the peer route, which joins the fills under way, never makes a replica
+// wait for a fill that waits for the asker in turn. Cut only where the owner changes, a run could
+// span two stripes whose owners change when a replica dies, and two survivors' fills would wait
+// for each other.
+func (s *Store) Split(_, _ string, off int64) bool { return off%s.stripe == 0 && s.isShared() }
 
 // load is the group's getter: a chunk this replica owns, or one its owner did not give, read from
 // storage.

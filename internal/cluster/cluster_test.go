@@ -40,8 +40,8 @@ func newReplica(t *testing.T, storage store.Store, timeout time.Duration) *repli
 	r.srv.Start()
 	t.Cleanup(r.srv.Close)
 	var err error
-	r.cl, err = cluster.New(storage, cluster.Options{Self: r.srv.URL, ChunkBytes: chunk, Timeout: timeout,
-		Token: func() string { return token }})
+	r.cl, err = cluster.New(storage, cluster.Options{Self: r.srv.URL, ChunkBytes: chunk, StripeBytes: chunk,
+		Timeout: timeout, Token: func() string { return token }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestWarmFillsTheOwnerOnce(t *testing.T) {
 
 func TestOwnershipIsSharedAndMovesLittle(t *testing.T) {
 	urls := []string{"http://127.0.0.1:40001", "http://127.0.0.1:40002", "http://127.0.0.1:40003"}
-	s, err := cluster.New(nil, cluster.Options{Self: urls[0], ChunkBytes: chunk, Timeout: time.Second})
+	s, err := cluster.New(nil, cluster.Options{Self: urls[0], ChunkBytes: chunk, StripeBytes: chunk, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

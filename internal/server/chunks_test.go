@@ -16,7 +16,8 @@ import (
 // object-store cache defaults: what one client's TP=8 fused-QKV rank costs, and what a fleet's.
 func TestChunksFitTheReads(t *testing.T) {
 	const hidden, kv, tp = 4096, 1024, 8
-	c := newS3ClusterChunk(t, 1, cache.ObjectStoreConfig().ChunkBytes)
+	chunk := cache.ObjectStoreConfig().ChunkBytes
+	c := newS3ClusterChunk(t, 1, chunk)
 	const p = "model.layers.0.self_attn."
 	var file bytes.Buffer
 	safetensors.Write(&file, []safetensors.TensorData{
@@ -72,10 +73,12 @@ func TestChunksFitTheReads(t *testing.T) {
 	t.Logf("one client's rank: %.3f× the %d MiB it needs, in %d requests; 32 identical clients: %.3f×; "+
 		"the 8 ranks together: %.3f× the layer", amp, needed>>20, gets1-gets, float64(identical-one)/float64(needed),
 		union)
-	// Three regions (q, k, v) that do not start on a 1 MiB chunk cost at most a chunk more each.
-	if limit := float64(needed+3<<20) / float64(needed); amp > limit || float64(identical-one) > limit*float64(needed) ||
-		union > 1.1 {
-		t.Errorf("read amplification: one client %.3f×, 32 identical %.3f× (at most %.3f× with 1 MiB chunks); "+
-			"the fleet %.3f× the union (goal ≤ 1.1×)", amp, float64(identical-one)/float64(needed), limit, union)
+	// Three regions (q, k, v), whole chunks long, that do not start on one cost a chunk more each:
+	// within the goal of 1.25×.
+	limit := min(1.25, float64(needed+3*chunk)/float64(needed))
+	if amp > limit || float64(identical-one) > limit*float64(needed) || union > 1.1 {
+		t.Errorf("read amplification: one client %.3f×, 32 identical %.3f× (at most %.3f× with %d KiB chunks); "+
+			"the fleet %.3f× the union (goal ≤ 1.1×)", amp, float64(identical-one)/float64(needed), limit, chunk>>10,
+			union)
 	}
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/cluster"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
@@ -25,7 +24,7 @@ type Cache interface {
 type Cluster struct {
 	// Cache is the top of the store stack, over Ring: peers and prefetches read through it.
 	Cache Cache
-	// ChunkBytes is the cache's chunk: the unit of ownership, of peer reads and of prefetch.
+	// ChunkBytes is the cache's chunk: the unit of prefetch's counts.
 	ChunkBytes int64
 	// Ring sends each chunk the cache misses to its owner; with no peers it owns every chunk.
 	Ring *cluster.Store
@@ -37,7 +36,7 @@ type Cluster struct {
 }
 
 // pinSlots bounds the ranges the peer route and prefetches pin at once, each a run of at most
-// cache.MaxRunBytes. Their memory is the cache's, and more only for chunks evicted while pinned.
+// a stripe (Ring.Stripe). Their memory is the cache's, and more only for chunks evicted while pinned.
 // It is not charged to the streams' budget: a stream waiting for a chunk from its owner must never
 // wait behind the owner's streams, which may be waiting for chunks from it.
 const pinSlots = 64
@@ -68,7 +67,7 @@ func (s *Server) peerAuth(next http.Handler) http.Handler {
 // chunk in one of pinSlots, the request has --request-timeout and its write --write-timeout.
 func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 	c := s.cfg.Cluster
-	chunk, warm, err := cluster.ParseQuery(r.URL.Query(), max(c.ChunkBytes, cache.MaxRunBytes))
+	chunk, warm, err := cluster.ParseQuery(r.URL.Query(), c.Ring.Stripe())
 	if err != nil {
 		writeProblem(w, r, &Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter",
 			Title: "Invalid query parameter", Detail: err.Error()})

@@ -39,7 +39,10 @@ const (
 	fanTP            = 8
 	fanClients       = 64
 	fanChunk         = 128 << 10
-	peerSecret       = "replicas-only"
+	// peerTimeout is long: a test on a loaded machine must not find a live replica slow (a killed
+	// one is found by its broken connections, at once).
+	peerTimeout = 30 * time.Second
+	peerSecret  = "replicas-only"
 )
 
 // s3Cluster is versitygw behind the counting proxy, and the replicas serving it.
@@ -109,7 +112,7 @@ func (c *s3Cluster) add() *replica {
 	}
 	r.srv = httptest.NewUnstartedServer(nil)
 	r.ring, err = cluster.New(mortal{r.storage, r}, cluster.Options{Self: "http://" + r.srv.Listener.Addr().String(),
-		ChunkBytes: c.chunk, Token: peerTokens.First, Timeout: 5 * time.Second})
+		ChunkBytes: c.chunk, StripeBytes: 2 * c.chunk, Token: peerTokens.First, Timeout: peerTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,11 +277,10 @@ func TestClusterSurvivesAReplicaKilledMidFanIn(t *testing.T) {
 	c.fanIn("m", data, func() { c.kill(2) })
 	ratio := float64(c.origin()-before) / float64(len(file))
 	t.Logf("one of 3 replicas killed mid fan-in: storage read %.3f× the file", ratio)
-	// The goal is 1.5×; measured 1.27–1.46× on an idle machine, and up to 1.51× under -race on a
-	// loaded one, where more fetches are in flight when the replica dies and the survivors that
-	// asked it each read its chunks themselves. The test bounds what a kill may cost at all.
-	if ratio > 1.75 {
-		t.Errorf("storage read %.3f× the unique bytes with a replica killed (bound 1.75×, goal 1.5×)", ratio)
+	// The killed replica's share, about a third, is read again by the survivors, and what it was
+	// reading when it died is lost: nothing else may be read twice.
+	if ratio > 1.5 {
+		t.Errorf("storage read %.3f× the unique bytes with a replica killed (goal ≤ 1.5×)", ratio)
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
-// prefetchParallel is how many chunks one prefetch fills at once: enough to keep the owners'
+// prefetchParallel is how many runs of chunks one prefetch fills at once: enough to keep the owners'
 // storage connections busy, few enough to leave the cache's fills to the clients too.
 const prefetchParallel = 8
 
@@ -59,8 +59,9 @@ func (s *Server) PostPrefetch(w http.ResponseWriter, r *http.Request) {
 	writeProblem(w, r, toProblem(err))
 }
 
-// prefetchChunks lists the cache chunks a request reads, file by file: those of its plan's reads,
-// or every chunk of every file of the checkpoint.
+// prefetchChunks lists the cache chunks a request reads, file by file — those of its plan's reads,
+// or every chunk of every file of the checkpoint — joined into runs of adjacent chunks within one
+// stripe, so each owner is asked for a run in one request.
 func (s *Server) prefetchChunks(r *http.Request, req *api.ShardRequest) ([]cluster.Chunk, error) {
 	type file struct{ key, version string }
 	reads := map[file][]store.Range{}
@@ -88,7 +89,7 @@ func (s *Server) prefetchChunks(r *http.Request, req *api.ShardRequest) ([]clust
 		}
 	}
 	files := slices.SortedFunc(maps.Keys(reads), func(a, b file) int { return strings.Compare(a.key, b.key) })
-	size := s.cfg.Cluster.ChunkBytes
+	size, stripe := s.cfg.Cluster.ChunkBytes, s.cfg.Cluster.Ring.Stripe()
 	var out []cluster.Chunk
 	for _, f := range files {
 		info, err := s.cfg.Cluster.Cache.Stat(r.Context(), f.key)
@@ -105,26 +106,33 @@ func (s *Server) prefetchChunks(r *http.Request, req *api.ShardRequest) ([]clust
 				end = min(end, rg.Offset+rg.Length)
 			}
 			for c := rg.Offset / size; c*size < end; c++ {
-				if !seen[c] {
-					seen[c] = true
-					out = append(out, cluster.Chunk{Key: f.key, Version: f.version, Offset: c * size,
-						Length: min(size, info.Size-c*size)})
-				}
+				seen[c] = true
+			}
+		}
+		for _, c := range slices.Sorted(maps.Keys(seen)) {
+			off := c * size
+			n := min(size, info.Size-off)
+			if last := len(out) - 1; last >= 0 && out[last].Key == f.key && out[last].Offset+out[last].Length == off &&
+				off%stripe != 0 {
+				out[last].Length += n
+			} else {
+				out = append(out, cluster.Chunk{Key: f.key, Version: f.version, Offset: off, Length: n})
 			}
 		}
 	}
 	return out, nil
 }
 
-// warm fills each chunk on its owner, prefetchParallel at a time.
-func (s *Server) warm(ctx context.Context, chunks []cluster.Chunk) (*api.PrefetchResponse, error) {
-	ring := s.cfg.Cluster.Ring
+// warm fills each run of chunks on its owner, prefetchParallel at a time.
+func (s *Server) warm(ctx context.Context, runs []cluster.Chunk) (*api.PrefetchResponse, error) {
+	ring, size := s.cfg.Cluster.Ring, s.cfg.Cluster.ChunkBytes
+	chunks := func(n int64) int64 { return (n + size - 1) / size } // the last chunk of a file may be short
 	var mu sync.Mutex
 	owners := map[string]*api.PrefetchOwner{}
-	resp := &api.PrefetchResponse{Chunks: int64(len(chunks)), Owners: []api.PrefetchOwner{}}
+	resp := &api.PrefetchResponse{Owners: []api.PrefetchOwner{}}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(prefetchParallel)
-	for _, c := range chunks {
+	for _, c := range runs {
 		g.Go(func() error {
 			owner, self := ring.Owner(c)
 			var filled int64
@@ -149,14 +157,13 @@ func (s *Server) warm(ctx context.Context, chunks []cluster.Chunk) (*api.Prefetc
 				o = &api.PrefetchOwner{Owner: owner}
 				owners[owner] = o
 			}
-			o.Chunks++
+			o.Chunks += chunks(c.Length)
 			o.Bytes += c.Length
 			o.FilledBytes += filled
+			resp.Chunks += chunks(c.Length)
 			resp.Bytes += c.Length
 			resp.FilledBytes += filled
-			if filled > 0 {
-				resp.FilledChunks++
-			}
+			resp.FilledChunks += chunks(filled)
 			return nil
 		})
 	}

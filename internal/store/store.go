@@ -43,6 +43,15 @@ type Sectioner interface {
 	SectionMemory(n int64) int64
 }
 
+// Aligner is a store whose reads cost whole aligned units: the verifying store can check only
+// whole signed shards, so it reads any part of one as all of it. A cache above fills such units
+// whole, each once, instead of reading one several times for its parts; a decorator between the
+// two passes it through.
+type Aligner interface {
+	// Alignment is the unit reads of key at version are widened to: 1 when they are not.
+	Alignment(ctx context.Context, key, version string) int64
+}
+
 // Range is a byte range of a file.
 type Range struct{ Offset, Length int64 }
 

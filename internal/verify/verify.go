@@ -7,14 +7,14 @@
 // walking up its folders, verifies it with the trusted keys once per signature version, and then:
 //
 //   - Stat fails, before anyone reads a byte, for a file the signature does not cover, a file whose
-//     size is not the signed size (a truncated upload), a signature that does not verify, a shard
-//     size reads cannot be aligned to, and an unsigned checkpoint under ModeRequired. The version
+//     size is not the signed size (a truncated upload), a signature that does not verify, shards
+//     over MaxShardBytes, and an unsigned checkpoint under ModeRequired. The version
 //     Stat returns names the signature too, so a new signature is a new version: the cache above
 //     never serves chunks verified under another one.
 //   - ReadAt widens a read to whole signed shards, hashes each and compares before copying a byte
-//     into the caller's buffer; a mismatch is store.ErrCorrupt naming the file and range. Under the
-//     cache, whose chunks are a multiple of the shard size, nothing is widened, and chunks the cache
-//     holds were verified when they were filled: hits are not hashed again.
+//     into the caller's buffer; a mismatch is store.ErrCorrupt naming the file and range. The
+//     cache above fills whole shards (store.Aligner), so it reads each once however small its
+//     chunks, and what it holds was verified when it was filled: hits are not hashed again.
 //   - A "files" manifest is checked once per file version on first use, by one read of the whole
 //     file (the slow path); the verdict is kept and every read of that version then passes.
 //
@@ -56,10 +56,9 @@ const (
 // in the envelope): a 685 GB model in 1 MiB shards signs into about 140 MB.
 const MaxSignatureBytes = 256 << 20
 
-// MaxUncachedShardBytes bounds the shard size reads are widened to without the cache, so a small
-// read never buys a large one. Signatures with bigger shards are served through the cache (whose
-// chunk must then be a multiple of them) or refused.
-const MaxUncachedShardBytes = 16 << 20
+// MaxShardBytes bounds the shard size reads are widened to, so a small read never buys a large
+// one: checkpoints signed in bigger shards are refused.
+const MaxShardBytes = 16 << 20
 
 // Config is the verification settings.
 type Config struct {
@@ -128,9 +127,6 @@ type Store struct {
 	inner store.Store
 	mode  Mode
 	keys  []crypto.PublicKey
-	// chunk is the cache chunk above (0: none): shards must divide it, and reads are then never
-	// widened.
-	chunk int64
 	// Revalidate is how long a folder's signature (or its absence) is trusted before storage is
 	// asked again.
 	Revalidate time.Duration
@@ -142,7 +138,10 @@ type Store struct {
 	verified, failures, hashNanos atomic.Int64
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store   = (*Store)(nil)
+	_ store.Aligner = (*Store)(nil)
+)
 
 // signature is what a folder's model.sig said when it was last looked at.
 type signature struct {
@@ -154,14 +153,14 @@ type signature struct {
 	id       string
 }
 
-// New wraps inner. chunk is the cache chunk the reads arrive in (0 without a cache).
-func New(inner store.Store, mode Mode, keys []crypto.PublicKey, chunk int64) *Store {
+// New wraps inner.
+func New(inner store.Store, mode Mode, keys []crypto.PublicKey) *Store {
 	if len(keys) == 0 && mode == ModeIfSigned {
 		mode = ModeOff
 	}
 	sigs, _ := lru.New[string, *signature](1024)
 	verdicts, _ := lru.New[string, struct{}](16384)
-	return &Store{inner: inner, mode: mode, keys: keys, chunk: chunk, Revalidate: 5 * time.Second,
+	return &Store{inner: inner, mode: mode, keys: keys, Revalidate: 5 * time.Second,
 		signatures: sigs, verdicts: verdicts}
 }
 
@@ -265,6 +264,18 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 	return nil
 }
 
+// Alignment implements store.Aligner: a sharded signature's shard size for the files it covers.
+func (s *Store) Alignment(ctx context.Context, key, version string) int64 {
+	if _, _, signed := strings.Cut(version, versionSep); !signed || s.exempt(key) {
+		return 1
+	}
+	sig, file, err := s.signatureOf(ctx, key, false)
+	if err != nil || sig == nil || sig.manifest.Method() != oms.MethodShards || !sig.manifest.Covers(file) {
+		return 1
+	}
+	return sig.manifest.ShardSize()
+}
+
 // check runs a hash comparison of n bytes, counting it, and turns a mismatch into ErrCorrupt.
 func (s *Store) check(key string, compare func() error, n int64) error {
 	start := time.Now()
@@ -323,15 +334,9 @@ func (s *Store) admissible(m *oms.Manifest, file string, size int64) error {
 		s.failures.Add(1)
 		return fmt.Errorf("%w: %v", store.ErrCorrupt, err)
 	}
-	shard := m.ShardSize()
-	switch {
-	case s.chunk > 0 && s.chunk%shard != 0:
-		return fmt.Errorf("%w: signed in %d-byte shards, which do not divide the cache chunk (%d bytes): "+
-			"set --cache-chunk-bytes to a multiple of the shard size", store.ErrUnverified, shard, s.chunk)
-	case s.chunk == 0 && shard > MaxUncachedShardBytes:
-		return fmt.Errorf("%w: signed in %d-byte shards, more than the %d a read may be widened to without "+
-			"the cache: enable the cache with --cache-chunk-bytes a multiple of the shard size, or sign with "+
-			"smaller shards", store.ErrUnverified, shard, MaxUncachedShardBytes)
+	if shard := m.ShardSize(); shard > MaxShardBytes {
+		return fmt.Errorf("%w: signed in %d-byte shards, more than the %d a read may be widened to: sign "+
+			"with smaller shards (shardsrv sign --shard-size)", store.ErrUnverified, shard, MaxShardBytes)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,7 @@ type publisher struct {
 	files map[string][]byte
 	put   func(string, []byte)
 	key   crypto.Signer
+	shard int64 // 0: shardSize
 }
 
 func (p *publisher) key2(name string) string {
@@ -94,7 +96,11 @@ func (p *publisher) sign(t *testing.T) {
 	for _, n := range names {
 		srcs = append(srcs, oms.FileSource{Path: n, Size: int64(len(p.files[n])), R: bytes.NewReader(p.files[n])})
 	}
-	m, err := oms.BuildShards("model", srcs, shardSize)
+	shard := p.shard
+	if shard == 0 {
+		shard = shardSize
+	}
+	m, err := oms.BuildShards("model", srcs, shard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +128,7 @@ func TestConformance(t *testing.T) {
 				raw, put := b.open(t)
 				key := newKey(t)
 				p := &publisher{files: map[string][]byte{}, put: put, key: key}
-				return verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}, 0), func(k string, d []byte) {
+				return verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}), func(k string, d []byte) {
 					p.write(t, k, d)
 				}
 			}})
@@ -136,13 +142,13 @@ func TestTamper(t *testing.T) {
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
 			data := pattern(5*shardSize+100, 1)
-			setup := func(t *testing.T, chunk int64) (*verify.Store, *publisher, crypto.Signer) {
+			setup := func(t *testing.T, shard int64) (*verify.Store, *publisher, crypto.Signer) {
 				raw, put := b.open(t)
 				key := newKey(t)
-				p := &publisher{dir: "m", files: map[string][]byte{}, put: put, key: key}
+				p := &publisher{dir: "m", files: map[string][]byte{}, put: put, key: key, shard: shard}
 				p.write(t, "w.safetensors", data)
 				p.write(t, "config.json", []byte(`{"a":1}`))
-				return verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}, chunk), p, key
+				return verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}), p, key
 			}
 			read := func(s store.Store, off, n int64) ([]byte, error) {
 				info, err := s.Stat(ctx, "m/w.safetensors")
@@ -215,23 +221,23 @@ func TestTamper(t *testing.T) {
 			t.Run("unsigned under required", func(t *testing.T) {
 				raw, put := b.open(t)
 				put("u/w.safetensors", data)
-				s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{newKey(t).Public()}, 0)
+				s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{newKey(t).Public()})
 				if _, err := s.Stat(ctx, "u/w.safetensors"); !errors.Is(err, store.ErrUnverified) {
 					t.Errorf("an unsigned checkpoint under required: %v, want ErrUnverified", err)
 				}
-				lax := verify.New(raw, verify.ModeIfSigned, []crypto.PublicKey{newKey(t).Public()}, 0)
+				lax := verify.New(raw, verify.ModeIfSigned, []crypto.PublicKey{newKey(t).Public()})
 				if _, err := read(withPrefix{lax, "u"}, 0, 10); err != nil {
 					t.Errorf("an unsigned checkpoint under if-signed is served as stored: %v", err)
 				}
 			})
-			t.Run("shard size the cache cannot align to", func(t *testing.T) {
-				s, _, _ := setup(t, 6000)
+			t.Run("shards too big to widen reads to", func(t *testing.T) {
+				s, _, _ := setup(t, 2*verify.MaxShardBytes)
 				if _, err := s.Stat(ctx, "m/w.safetensors"); !errors.Is(err, store.ErrUnverified) {
-					t.Errorf("4096-byte shards under a 6000-byte cache chunk: %v, want ErrUnverified", err)
+					t.Errorf("%d-byte shards: %v, want ErrUnverified", 2*verify.MaxShardBytes, err)
 				}
 			})
 			t.Run("no bad chunk in the cache", func(t *testing.T) {
-				s, p, _ := setup(t, 2*shardSize)
+				s, p, _ := setup(t, 0)
 				c, err := cache.New(s, 64*shardSize, 2*shardSize)
 				if err != nil {
 					t.Fatal(err)
@@ -246,6 +252,25 @@ func TestTamper(t *testing.T) {
 				}
 				if st := c.Stats(); st.BytesFromCache != 0 || s.Stats().Failures < 2 {
 					t.Errorf("a chunk that failed verification was cached: %+v", st)
+				}
+			})
+			t.Run("the cache fills whole shards, each once", func(t *testing.T) {
+				s, _, _ := setup(t, 0)
+				const chunk = shardSize / 4
+				c, err := cache.New(s, 64*shardSize, chunk)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, i := range mrand.Perm(len(data)/chunk + 1) {
+					off := int64(i * chunk)
+					n := min(chunk, int64(len(data))-off)
+					if got, err := read(c, off, n); err != nil || !bytes.Equal(got, data[off:off+n]) {
+						t.Fatalf("read [%d, +%d) through %d-byte chunks: %v", off, n, chunk, err)
+					}
+				}
+				if v := s.Stats().VerifiedBytes; v != int64(len(data)) {
+					t.Errorf("%d-byte chunks of %d-byte shards verified %d bytes of a %d-byte file: want each "+
+						"shard read once", chunk, shardSize, v, len(data))
 				}
 			})
 			t.Run("new signature is a new version", func(t *testing.T) {
@@ -296,7 +321,7 @@ func TestFilesManifest(t *testing.T) {
 	}
 	put("m/w.bin", data)
 	put("m/model.sig", bundle)
-	s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}, 0)
+	s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()})
 	info, err := s.Stat(ctx, "m/w.bin")
 	if err != nil {
 		t.Fatal(err)
