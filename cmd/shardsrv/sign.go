@@ -26,8 +26,8 @@ Signs a checkpoint folder: hashes every file in shards (OpenSSF Model Signing v1
 "shards") and writes model.sig, a Sigstore bundle signed with KEY.pem (ECDSA P-256/P-384/P-521 or
 Ed25519, PEM). No network is used. A directory gets DIR/model.sig; for an object store the
 bundle is written to --out (upload it beside the checkpoint's files). Servers widen every read
-to whole shards, so they refuse shards over 16 MiB; smaller shards make model.sig larger (about
-200 bytes a shard). A progress bar shows on a terminal.
+to whole shards, which must be a power of two up to 4 MiB; smaller shards make model.sig larger
+(about 200 bytes a shard). A progress bar shows on a terminal.
 
 Example:
   openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out key.pem
@@ -57,10 +57,10 @@ func signCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *keyFile == "" || folder == "" || shard <= 0 || shard > verify.MaxShardBytes {
+	if *keyFile == "" || folder == "" || !verify.ShardSizeOK(shard) {
 		fs.Usage()
-		return fmt.Errorf("sign: --key, a --shard-size of 1 to %d bytes and one checkpoint folder are required",
-			verify.MaxShardBytes)
+		return fmt.Errorf("sign: --key, a --shard-size that is a power of two up to %d bytes and one checkpoint "+
+			"folder are required", verify.MaxShardBytes)
 	}
 	pem, err := os.ReadFile(*keyFile)
 	if err != nil {

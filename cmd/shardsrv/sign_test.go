@@ -61,8 +61,10 @@ func TestSignThenVerify(t *testing.T) {
 		t.Errorf("verify of a file added after signing: %v", err)
 	}
 
-	err = signCmd([]string{"--key", privFile, "--shard-size", "32MiB", dir}, &out, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), "--shard-size of 1 to") {
-		t.Errorf("sign with shards servers refuse: %v", err)
+	for _, size := range []string{"8MiB", "3000"} {
+		err = signCmd([]string{"--key", privFile, "--shard-size", size, dir}, &out, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), "power of two up to 4194304") {
+			t.Errorf("sign with %s shards, which servers refuse: %v", size, err)
+		}
 	}
 }

@@ -254,13 +254,15 @@ type aligned struct {
 func (a *aligned) Alignment(context.Context, string, string) int64 { return a.unit }
 
 func (a *aligned) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
-	if end := off + int64(len(p)); off%a.unit != 0 || end%a.unit != 0 && end != a.size {
+	if end := off + int64(len(p)); off%a.unit != 0 || end%a.unit != 0 && end != a.size ||
+		int64(len(p)) > cache.MaxRunBytes+a.unit {
 		a.bad.Add(1)
 	}
 	return a.Counting.ReadAt(ctx, key, version, p, off)
 }
 
-// Property: under a store that reads whole units, reads in any order fill whole units, each once.
+// Property: under a store that reads whole units, reads in any order fill whole units, each once,
+// in runs of at most MaxRunBytes and a unit.
 func TestFillsReadWholeUnitsOnce(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	inner, put := local(t)
@@ -269,6 +271,10 @@ func TestFillsReadWholeUnitsOnce(t *testing.T) {
 		chunk := int64(1+r.IntN(8)) * 512
 		unit := chunk * int64(1+r.IntN(4))
 		size := 1 + r.Int64N(40*unit)
+		if iter%25 == 0 { // files longer than a run
+			chunk, unit = 64<<10, 1<<20
+			size = 2*cache.MaxRunBytes + r.Int64N(4*unit)
+		}
 		data := make([]byte, size)
 		for i := range data {
 			data[i] = byte(i*7) ^ byte(iter)

@@ -42,11 +42,13 @@
 // Versions hold: a chunk is named by key, version and range, and its owner reads it with that
 // version (If-Match on object stores), so a peer answers with the bytes of the version asked or an
 // error, never another version's bytes. A chunk a peer asks for is read here from storage, never
-// sent on (FromPeer), and a replica refuses chunks it does not own (Owns) or waits for a live peer
-// to give (Waits), so replicas that disagree about the ring for a moment cost a read, never a loop
-// or two fills waiting for each other. When a replica dies, its peers that were waiting for it
-// take its chunks over without reading any twice: a new owner still waiting for the dead one
-// counts that wait as over, and a peer asking it joins the read it then makes.
+// sent on (FromPeer), and a replica refuses chunks it does not own (Owns) or waits for a peer in
+// its ring to give (Waits). A fill waits for one stripe's owner only (Split), and a wait for a
+// peer ends the moment that peer is found down or leaves the peers. So replicas that disagree
+// about the ring for a moment cost a read, never a loop or two fills waiting for each other, and
+// when a replica dies its peers take its stripes over without reading any twice: a survivor whose
+// fetch broke asks the stripe's new owner, and the new owner, told the dead replica is down, ends
+// its own wait for it and lets the asker join the read it then makes.
 package cluster
 
 import (
@@ -124,9 +126,9 @@ type Store struct {
 	inner store.Store
 	opts  Options
 	// stripe is the unit of ownership: the chunks of one stripe have one owner, so a run is asked
-	// of one replica in one request however small the chunks, and a signed shard up to its size
-	// (the verifying store's unit of reading) is never split between two owners, which would each
-	// read all of it. Small enough that a tensor's stripes spread over the replicas.
+	// of one replica in one request however small the chunks, and a signed shard (a power of two
+	// up to verify.MaxShardBytes, the verifying store's unit of reading) lies in one stripe, never
+	// read whole by two owners. Small enough that a tensor's stripes spread over the replicas.
 	stripe int64
 	group  *groupcache.Group
 	client *http.Client
@@ -134,18 +136,19 @@ type Store struct {
 	m      *metrics
 
 	mu      sync.Mutex
-	peers   []string             // as set, normalized and sorted
-	down    map[string]time.Time // peer → when it rejoins the ring
-	waiting map[string][]string  // chunk → the peers fetches under way for it wait on (fetchWaiting)
-	ring    *consistenthash.Map  // over the peers that are not down
-	shared  bool                 // the ring holds a peer besides this replica
-	revive  time.Time            // the earliest down mark that ends; zero when none
+	peers   []string                // as set, normalized and sorted
+	down    map[string]time.Time    // peer → when it rejoins the ring
+	waiting map[string][]*fetchWait // chunk → the fetches from peers under way for it
+	ring    *consistenthash.Map     // over the peers that are not down
+	shared  bool                    // the ring holds a peer besides this replica
+	revive  time.Time               // the earliest down mark that ends; zero when none
 
 	peerLoads, storageLoads, storageBytes, peerErrors atomic.Int64
 }
 
 var (
 	_ store.Store           = (*Store)(nil)
+	_ store.Aligner         = (*Store)(nil)
 	_ groupcache.PeerPicker = (*Store)(nil)
 	_ cache.Splitter        = (*Store)(nil)
 )
@@ -190,7 +193,7 @@ func New(inner store.Store, opts Options) (*Store, error) {
 		client:  newClient(opts.Timeout),
 		tracer:  opts.Tracer.Tracer("shardsrv/cluster"),
 		down:    map[string]time.Time{},
-		waiting: map[string][]string{},
+		waiting: map[string][]*fetchWait{},
 		ring:    consistenthash.New(ringReplicas, ringHash),
 	}
 	registerOnce.Do(func() {
@@ -232,7 +235,7 @@ func Normalize(raw string) (string, error) {
 }
 
 // SetPeers makes urls the replicas (this one included, when it owns chunks); peers that are gone
-// lose their down marks. Invalid URLs are skipped: what discovery finds is not trusted to parse.
+// lose their down marks, and the fetches from them under way end. Invalid URLs are skipped: what discovery finds is not trusted to parse.
 func (s *Store) SetPeers(urls []string) {
 	var peers []string
 	for _, u := range urls {
@@ -253,6 +256,7 @@ func (s *Store) SetPeers(urls []string) {
 		}
 	}
 	s.rebuildLocked()
+	s.endWaitsLocked(func(p string) bool { return !slices.Contains(peers, p) })
 	s.opts.Logger.Info("cluster peers changed", "peers", peers, "self", s.opts.Self)
 }
 
@@ -295,7 +299,9 @@ func (s *Store) reviveLocked(now time.Time) {
 	s.rebuildLocked()
 }
 
-// markDown leaves peer out of the ring for DownFor.
+// markDown leaves peer out of the ring for DownFor and ends the fetches from it under way: a
+// peer that hangs instead of breaking its connections would otherwise hold them, and every
+// replica that joined the fills waiting for them, until the time-out.
 func (s *Store) markDown(peer string, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -304,28 +310,39 @@ func (s *Store) markDown(peer string, err error) {
 	}
 	s.down[peer] = time.Now().Add(DownFor)
 	s.rebuildLocked()
+	s.endWaitsLocked(func(p string) bool { return p == peer })
 	s.opts.Logger.Warn("cluster peer did not answer: its chunks are read elsewhere for a while", "peer", peer,
 		"for", DownFor.String(), "err", err)
 }
 
-// fetchWaiting fetches c from peer, noting meanwhile that this replica waits for it. Its peer
-// route refuses c meanwhile (Waits), so that no two replicas wait for each other's fills.
+// fetchWait is a fetch from a peer under way.
+type fetchWait struct {
+	peer   string
+	ids    []string // the chunks it fetches
+	cancel context.CancelFunc
+}
+
+// fetchWaiting fetches c from peer, noting meanwhile that this replica waits for it: its peer
+// route refuses c meanwhile (Waits), so that no two replicas wait for each other's fills. The
+// fetch ends when the peer is marked down or leaves the peers, so whoever waits for it moves on
+// at once.
 func (s *Store) fetchWaiting(ctx context.Context, peer string, c Chunk) ([]byte, error) {
-	ids := s.chunkIDs(c)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := &fetchWait{peer: peer, ids: s.chunkIDs(c), cancel: cancel}
 	s.mu.Lock()
-	for _, id := range ids {
-		s.waiting[id] = append(s.waiting[id], peer)
+	for _, id := range w.ids {
+		s.waiting[id] = append(s.waiting[id], w)
 	}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		for _, id := range ids {
-			w := s.waiting[id]
-			if w = slices.Delete(w, slices.Index(w, peer), slices.Index(w, peer)+1); len(w) == 0 {
-				delete(s.waiting, id)
+		for _, id := range w.ids {
+			if ws := slices.DeleteFunc(s.waiting[id], func(o *fetchWait) bool { return o == w }); len(ws) > 0 {
+				s.waiting[id] = ws
 			} else {
-				s.waiting[id] = w
+				delete(s.waiting, id)
 			}
 		}
 	}()
@@ -333,17 +350,28 @@ func (s *Store) fetchWaiting(ctx context.Context, peer string, c Chunk) ([]byte,
 	return b, err
 }
 
-// Waits reports whether this replica waits for a peer that is up to give any chunk of c. A wait
-// for a peer found down ends with that peer's error, after which this replica reads the chunk
-// itself if it owns it now: a peer asking for c meanwhile joins that read instead of making its own.
+// endWaitsLocked ends the fetches under way from the peers gone says have left; s.mu is held.
+func (s *Store) endWaitsLocked(gone func(peer string) bool) {
+	for _, ws := range s.waiting {
+		for _, w := range ws {
+			if gone(w.peer) {
+				w.cancel()
+			}
+		}
+	}
+}
+
+// Waits reports whether this replica waits for a peer in the ring to give any chunk of c. A wait
+// for a peer that is down or gone ends at once (markDown), after which this replica reads the
+// chunk itself if it owns it now: a peer asking for c meanwhile joins that read.
 func (s *Store) Waits(c Chunk) bool {
 	ids := s.chunkIDs(c)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reviveLocked(time.Now())
 	for _, id := range ids {
-		for _, peer := range s.waiting[id] {
-			if _, down := s.down[peer]; !down {
+		for _, w := range s.waiting[id] {
+			if _, down := s.down[w.peer]; !down && slices.Contains(s.peers, w.peer) {
 				return true
 			}
 		}
@@ -481,12 +509,12 @@ func (s *Store) chunkEnd(off int64) int64 { return (off/s.opts.ChunkBytes + 1) *
 // Stripe is the unit of ownership: the most a peer is asked for in one request.
 func (s *Store) Stripe() int64 { return s.stripe }
 
-// Split implements cache.Splitter: with peers, a run ends where a stripe does. A fill then waits
-// for one owner only, so the peer route, which joins the fills under way, never makes a replica
-// wait for a fill that waits for the asker in turn. Cut only where the owner changes, a run could
-// span two stripes whose owners change when a replica dies, and two survivors' fills would wait
-// for each other.
-func (s *Store) Split(_, _ string, off int64) bool { return off%s.stripe == 0 && s.isShared() }
+// Split implements cache.Splitter: a run ends where a stripe does. A fill then waits for one
+// owner only, so the peer route, which joins the fills under way, never makes a replica wait for
+// a fill that waits for the asker in turn. Cut only where the owner changes, a run could span two
+// stripes whose owners change when a replica dies, and two survivors' fills would wait for each
+// other; cut only while there are peers, a fill begun alone could span two owners found since.
+func (s *Store) Split(_, _ string, off int64) bool { return off%s.stripe == 0 }
 
 // load is the group's getter: a chunk this replica owns, or one its owner did not give, read from
 // storage.
@@ -515,6 +543,15 @@ func (s *Store) readStorage(ctx context.Context, key, version string, p []byte, 
 	}
 	s.m.chunk(ctx, "storage")
 	return nil
+}
+
+// Alignment implements store.Aligner for the store below: a run of whole units is read whole by
+// its owner.
+func (s *Store) Alignment(ctx context.Context, key, version string) int64 {
+	if a, ok := s.inner.(store.Aligner); ok {
+		return a.Alignment(ctx, key, version)
+	}
+	return 1
 }
 
 // Stat implements store.Store.

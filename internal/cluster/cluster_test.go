@@ -191,6 +191,60 @@ func TestASlowPeerIsSkippedWithinTheTimeout(t *testing.T) {
 	}
 }
 
+// A replica waiting for a hung peer refuses that chunk to its own peers (Waits) until the hung
+// peer is found down — told by another replica — or leaves the peers; then the fetch ends at once,
+// not at the time-out, and the replica reads the chunk itself.
+func TestAWaitForAHungPeerEndsWhenItIsFoundDown(t *testing.T) {
+	for _, how := range []string{"found down", "gone from the peers"} {
+		t.Run(how, func(t *testing.T) {
+			data := pattern(8 * chunk)
+			rs, _, _ := newCluster(t, 2, time.Minute, data)
+			rs[1].hold = make(chan struct{})
+			defer close(rs[1].hold)
+			v := version(t, rs[0].top)
+			var c cluster.Chunk // one of rs[1]'s
+			for off := int64(0); off < int64(len(data)); off += chunk {
+				if owner, self := rs[0].cl.Owner(cluster.Chunk{Key: "m/f", Version: v, Offset: off}); !self &&
+					owner == rs[1].srv.URL {
+					c = cluster.Chunk{Key: "m/f", Version: v, Offset: off, Length: chunk}
+					break
+				}
+			}
+			if c.Length == 0 {
+				t.Fatal("the second replica owns no chunk")
+			}
+			done := make(chan error, 1)
+			p := make([]byte, chunk)
+			go func() { done <- rs[0].top.ReadAt(context.Background(), c.Key, v, p, c.Offset) }()
+			for deadline := time.Now().Add(5 * time.Second); !rs[0].cl.Waits(c); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the replica never waited for its peer")
+				}
+			}
+			start := time.Now()
+			if how == "found down" {
+				rs[0].cl.Heard(rs[1].srv.URL)
+			} else {
+				rs[0].cl.SetPeers([]string{rs[0].srv.URL})
+			}
+			if rs[0].cl.Waits(c) {
+				t.Error("still refusing the chunk after its owner was " + how)
+			}
+			select {
+			case err := <-done:
+				if err != nil || !bytes.Equal(p, data[c.Offset:c.Offset+chunk]) {
+					t.Errorf("read: %v", err)
+				}
+				if time.Since(start) > 2*time.Second {
+					t.Errorf("the read ended %s after its peer was %s", time.Since(start), how)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the fetch from a peer %s did not end", how)
+			}
+		})
+	}
+}
+
 func TestAPeerNeverServesAnotherVersion(t *testing.T) {
 	data := pattern(16 * chunk)
 	rs, _, put := newCluster(t, 3, 5*time.Second, data)

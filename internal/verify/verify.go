@@ -8,7 +8,7 @@
 //
 //   - Stat fails, before anyone reads a byte, for a file the signature does not cover, a file whose
 //     size is not the signed size (a truncated upload), a signature that does not verify, shards
-//     over MaxShardBytes, and an unsigned checkpoint under ModeRequired. The version
+//     the reads cannot be aligned to (MaxShardBytes), and an unsigned checkpoint under ModeRequired. The version
 //     Stat returns names the signature too, so a new signature is a new version: the cache above
 //     never serves chunks verified under another one.
 //   - ReadAt widens a read to whole signed shards, hashes each and compares before copying a byte
@@ -57,8 +57,13 @@ const (
 const MaxSignatureBytes = 256 << 20
 
 // MaxShardBytes bounds the shard size reads are widened to, so a small read never buys a large
-// one: checkpoints signed in bigger shards are refused.
-const MaxShardBytes = 16 << 20
+// one. Shards must also be a power of two, as cache chunks and the cluster's 4 MiB stripes are:
+// then a shard is a whole number of chunks or a part of one, and lies in one stripe, so the cache
+// reads it once and one owner reads it. Checkpoints signed otherwise are refused.
+const MaxShardBytes = 4 << 20
+
+// ShardSizeOK reports whether checkpoints signed in shards of n bytes can be served (MaxShardBytes).
+func ShardSizeOK(n int64) bool { return n > 0 && n <= MaxShardBytes && n&(n-1) == 0 }
 
 // Config is the verification settings.
 type Config struct {
@@ -334,9 +339,9 @@ func (s *Store) admissible(m *oms.Manifest, file string, size int64) error {
 		s.failures.Add(1)
 		return fmt.Errorf("%w: %v", store.ErrCorrupt, err)
 	}
-	if shard := m.ShardSize(); shard > MaxShardBytes {
-		return fmt.Errorf("%w: signed in %d-byte shards, more than the %d a read may be widened to: sign "+
-			"with smaller shards (shardsrv sign --shard-size)", store.ErrUnverified, shard, MaxShardBytes)
+	if shard := m.ShardSize(); !ShardSizeOK(shard) {
+		return fmt.Errorf("%w: signed in %d-byte shards, not a power of two up to %d: re-sign with "+
+			"shardsrv sign --shard-size (1 MiB by default)", store.ErrUnverified, shard, MaxShardBytes)
 	}
 	return nil
 }

@@ -14,8 +14,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/shardsrv/shardsrv/internal/cache"
+	"github.com/shardsrv/shardsrv/internal/cluster"
 	"github.com/shardsrv/shardsrv/internal/oms"
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
@@ -230,10 +232,12 @@ func TestTamper(t *testing.T) {
 					t.Errorf("an unsigned checkpoint under if-signed is served as stored: %v", err)
 				}
 			})
-			t.Run("shards too big to widen reads to", func(t *testing.T) {
-				s, _, _ := setup(t, 2*verify.MaxShardBytes)
-				if _, err := s.Stat(ctx, "m/w.safetensors"); !errors.Is(err, store.ErrUnverified) {
-					t.Errorf("%d-byte shards: %v, want ErrUnverified", 2*verify.MaxShardBytes, err)
+			t.Run("shards reads cannot be aligned to", func(t *testing.T) {
+				for _, shard := range []int64{2 * verify.MaxShardBytes, 3000} {
+					s, _, _ := setup(t, shard)
+					if _, err := s.Stat(ctx, "m/w.safetensors"); !errors.Is(err, store.ErrUnverified) {
+						t.Errorf("%d-byte shards: %v, want ErrUnverified", shard, err)
+					}
 				}
 			})
 			t.Run("no bad chunk in the cache", func(t *testing.T) {
@@ -257,7 +261,12 @@ func TestTamper(t *testing.T) {
 			t.Run("the cache fills whole shards, each once", func(t *testing.T) {
 				s, _, _ := setup(t, 0)
 				const chunk = shardSize / 4
-				c, err := cache.New(s, 64*shardSize, chunk)
+				// As serve stacks them: the cluster store between the cache and the verifier.
+				ring, err := cluster.New(s, cluster.Options{ChunkBytes: chunk, Timeout: time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := cache.New(ring, 64*shardSize, chunk)
 				if err != nil {
 					t.Fatal(err)
 				}
