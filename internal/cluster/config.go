@@ -47,8 +47,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TokenFile, "peer-token-file", "", "`FILE` holding the secret the replicas share: the first "+
 		"token is sent to peers, any token in it is accepted from them (re-read when it changes; client tokens "+
 		"do not open the peer route)")
-	fs.DurationVar(&c.Timeout, "peer-timeout", 5*time.Second, "longest a chunk fetch from a peer may take; past "+
-		"it, or when the peer is down, the replica reads storage itself")
+	// A fetch includes the owner's own storage read, queued behind a fan-in's: on a loaded machine 5 s
+	// marked busy replicas down (3 replicas of a 64-pod fan-in on 2 cores then read 2.3× the file).
+	// A dead replica is found sooner: its connections break, and new ones fail within a second.
+	fs.DurationVar(&c.Timeout, "peer-timeout", 30*time.Second, "longest a chunk fetch from a peer may take, "+
+		"its storage read included; past it, or when the peer is found down, the replica reads storage itself")
 }
 
 // Enabled reports whether the replica has peers to share its cache with.
