@@ -41,8 +41,8 @@ func DefaultConfig() Config { return Config{ChunkBytes: 4 << 20} }
 // ObjectStoreConfig suits object stores, where every read is a billed round trip: 512 MiB in
 // 256 KiB chunks, so a read costs at most two small chunks more than it needs (a 6 MiB rank of a
 // fused QKV, three regions, reads at most 7.5 MiB, not the 24 of 8 MiB chunks), while runs of
-// missing chunks are read together, up to MaxRunBytes a request, so small chunks cost no more
-// requests.
+// missing chunks are read together, up to MaxRunBytes a request (or less where the store below
+// splits them: the cluster's stripes), so small chunks cost no more requests.
 func ObjectStoreConfig() Config { return Config{Bytes: 512 << 20, ChunkBytes: 256 << 10} }
 
 // RegisterFlags registers the cache's flags on fs; the values c holds are the defaults.
