@@ -13,8 +13,10 @@ export PATH := $(TOOLS):$(PATH)
 BIN := bin/shardsrv
 ADDR ?= localhost:8080
 FUZZTIME ?= 10s
+# Debian's Python, whose python3-torch and python3-numpy the Python suite runs with.
+PYTHON ?= /usr/bin/python3
 
-.PHONY: all build run test unit fuzz fuzz-http lint generate bench clean tools image python
+.PHONY: all build run test unit fuzz fuzz-http lint generate bench clean tools image python python-deps
 
 all: build
 
@@ -53,9 +55,17 @@ unit: tools
 	SHARDSRV_REQUIRE_S3=1 SHARDSRV_REQUIRE_GCS=1 SHARDSRV_REQUIRE_AZURE=1 SHARDSRV_REQUIRE_HELM=1 \
 		$(GO) test -race -count=1 ./...
 
-## python: the Python client's tests, against a live server (standard library only)
-python: build
-	SHARDSRV_BIN=$(CURDIR)/$(BIN) python3 -m unittest discover -s clients/python/tests
+## python: the Python suite against a live server, twice: with Debian's numpy and torch (installed
+## with apt-get when missing; torch 1.13 is the oldest the package supports) and with the standard
+## library alone (-S: no site packages), which is all the client itself needs
+python: build python-deps
+	SHARDSRV_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m unittest discover -s clients/python/tests
+	SHARDSRV_BIN=$(CURDIR)/$(BIN) $(PYTHON) -S -m unittest discover -s clients/python/tests
+
+python-deps:
+	@$(PYTHON) -c 'import numpy, torch' 2>/dev/null || { \
+		test "$$(id -u)" = 0 || { echo "make python needs $(PYTHON) with numpy and torch: apt-get install python3-torch python3-numpy"; exit 1; }; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-torch python3-numpy; }
 
 ## fuzz: run each fuzz target briefly ($(FUZZTIME)) on top of its seed corpus
 fuzz:

@@ -1,6 +1,7 @@
 """Client for shardsrv: fetch remapped tensor shards over HTTP.
 
-Standard library only. numpy and torch are used when installed, by ``to_numpy`` and ``to_torch``.
+Standard library only. numpy and torch (1.13 or newer) are used when installed, by ``to_numpy``,
+``to_torch`` and ``fetch_into`` of a tensor.
 
     from shardsrv import Client, parse_safetensors
     c = Client("http://shardsrv:8080")
@@ -273,15 +274,21 @@ def _bytes_of(out):
 
 def _torch_bytes(out):
     """The memory of a CPU torch tensor or storage, which have no buffer protocol
-    (pytorch/pytorch#69491): viewed through ctypes, without a copy; None for anything else."""
-    if not callable(getattr(out, "data_ptr", None)) or not hasattr(out, "nbytes") or not hasattr(out, "device"):
+    (pytorch/pytorch#69491): viewed through ctypes, without a copy; None for anything else. A
+    tensor's size is numel() * element_size() (torch 1.13 has no Tensor.nbytes), a storage's its
+    nbytes()."""
+    if not callable(getattr(out, "data_ptr", None)) or not hasattr(out, "device"):
+        return None
+    is_tensor = callable(getattr(out, "is_contiguous", None))
+    if not is_tensor and not callable(getattr(out, "nbytes", None)):
         return None
     if str(out.device) != "cpu":
         raise TypeError(f"shardsrv: fetch_into writes host memory, not {out.device}; "
                         "fetch into a CPU (pinned) buffer and copy")
-    if callable(getattr(out, "is_contiguous", None)) and not out.is_contiguous():
-        raise TypeError("shardsrv: fetch_into needs a contiguous tensor")
-    nbytes = out.nbytes() if callable(out.nbytes) else out.nbytes  # a storage's method, a tensor's property
+    if is_tensor and not out.is_contiguous():
+        raise TypeError(f"shardsrv: fetch_into needs a contiguous tensor; this one has strides {tuple(out.stride())} "
+                        "(fetch into tensor.contiguous() and copy it back)")
+    nbytes = out.numel() * out.element_size() if is_tensor else out.nbytes()
     return memoryview((ctypes.c_char * nbytes).from_address(out.data_ptr()))
 
 

@@ -280,13 +280,17 @@ class LiveServer(unittest.TestCase):
         backing = (ctypes.c_char * n)()
         buffers["storage-like"] = types.SimpleNamespace(data_ptr=lambda: ctypes.addressof(backing), nbytes=lambda: n,
                                                         device="cpu")
-        buffers["tensor-like"] = types.SimpleNamespace(data_ptr=lambda: ctypes.addressof(backing), nbytes=n,
-                                                       device="cpu",
+        buffers["tensor-like"] = types.SimpleNamespace(data_ptr=lambda: ctypes.addressof(backing), numel=lambda: n // 2,
+                                                       element_size=lambda: 2, device="cpu",
                                                        is_contiguous=lambda: True)
         try:
             import torch
-            buffers["torch-storage"] = torch.empty(n, dtype=torch.uint8).untyped_storage()
+            # untyped_storage arrived in torch 2.0; 1.13's storage() is a TypedStorage.
+            tensor = torch.empty(n, dtype=torch.uint8)
+            storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
+            buffers["torch-storage"] = storage
             buffers["torch-tensor"] = torch.empty(n // 2, dtype=torch.bfloat16)
+            buffers["torch-2d-tensor"] = torch.empty(2, n // 4, dtype=torch.bfloat16)
         except ImportError:
             pass
         for kind, buf in buffers.items():
@@ -300,8 +304,18 @@ class LiveServer(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.client.fetch_into(CKPT, bytearray(n - 1), layout=vllm(2, 0))  # too small
         with self.assertRaises(TypeError):
-            gpu = types.SimpleNamespace(data_ptr=lambda: 0, nbytes=n, device="cuda:0")
+            gpu = types.SimpleNamespace(data_ptr=lambda: 0, nbytes=lambda: n, device="cuda:0")
             self.client.fetch_into(CKPT, gpu, layout=vllm(2, 0))
+
+    def test_fetch_into_a_non_contiguous_tensor_says_so(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is optional")
+        n = len(self.client.fetch(CKPT, layout=vllm(2, 0)))
+        transposed = torch.empty(2, n // 4, dtype=torch.bfloat16).t()
+        with self.assertRaisesRegex(TypeError, "needs a contiguous tensor"):
+            self.client.fetch_into(CKPT, transposed, layout=vllm(2, 0))
 
     def test_fetch_holds_the_body_once(self):
         head = {"name": "h", "dtype": "F32", "shape": [256, 64], "boxes": [{"offsets": [0, 0], "lengths": [256, 64]}],
