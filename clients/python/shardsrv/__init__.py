@@ -500,6 +500,39 @@ class Client:
                 raise
         return self._retry("POST /v1/shards", attempt)
 
+    def fetch_into_parts(self, request, nbytes, parts):
+        """Streams a raw shard of nbytes into a sequence of buffers, in order, and returns the
+        digest it was checked against (or None). parts() gives, for each attempt, an iterable of
+        (view, filled): a writable byte memoryview, filled from the socket with no intermediate
+        copy, and a callable (or None) called once view holds its bytes (to copy them on, say to a
+        GPU); the views hold nbytes together. A retry starts over from the first part, so filled
+        runs again for the bytes of the new attempt."""
+        def attempt():
+            with self._open("POST", "/v1/shards", request) as res:
+                total = _length(res)
+                if total >= 0 and total != nbytes:
+                    raise ValueError(f"shardsrv: the shard is {total} bytes, not the {nbytes} its parts hold")
+                total = nbytes
+                hashed = hashlib.sha256()
+                done = 0
+                for view, filled in parts():
+                    n = len(view)
+                    got = 0
+                    while got < n:
+                        k = res.readinto(view[got:got + _CHUNK])
+                        if not k:
+                            raise ShortBodyError(done + got, total)
+                        hashed.update(view[got:got + k])
+                        got += k
+                    done += n
+                    if filled:
+                        filled()
+                if done != total:
+                    raise ValueError(f"shardsrv: the parts hold {done} bytes, not {total}")
+                _finish(res, done, total)
+                return _verify(res, hashed)
+        return self._retry("POST /v1/shards", attempt)
+
     def fetch_to_file(self, request, path, progress=None, *, layout=None, tensors=None, format=None):
         """Writes a shard to the file at path (created or truncated) and returns the byte count.
         The body is checked against its digest; fetch_verified returns the digest too."""

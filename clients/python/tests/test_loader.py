@@ -1,0 +1,211 @@
+"""Equivalence of the two ways a rank gets its weights, against a live shardsrv: (a) the model's
+load_weights on the real, whole checkpoint tensors, as vLLM loads a checkpoint directory, and (b)
+capture -> shardsrv -> load_model_weights. Every parameter and buffer must be the same, byte for
+byte, at every rank of TP 1, 2, 4 and 8, with expert parallelism off and on. The models' loaders
+(vllm_layers.py) are written from vLLM's; the checkpoints are written here. A cross-check compares
+the capture with the server's own "engine": "vllm" layout for the architectures both cover."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import shardsrv  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+if torch is not None:
+    import vllm_layers as vl
+    from shardsrv import capture as cap
+    from shardsrv import loader
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def tensor_bytes(t):
+    return bytes(shardsrv._bytes_of(t.detach().contiguous().view(-1))) if t.numel() else b""
+
+
+def write_checkpoint(folder, tensors, config=None):
+    """A model.safetensors (and config.json) of tensors: {name: torch tensor}."""
+    os.makedirs(folder, exist_ok=True)
+    header, blobs, at = {}, [], 0
+    for name, t in tensors.items():
+        data = tensor_bytes(t)
+        header[name] = {"dtype": cap.dtype_name(t.dtype), "shape": list(t.shape), "data_offsets": [at, at + len(data)]}
+        blobs.append(data)
+        at += len(data)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw + b"".join(blobs))
+    if config is not None:
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(config, f)
+
+
+def random_tensors(shapes, seed):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (shape, dtype) in shapes.items():
+        if dtype == vl.FP8:  # bit patterns, never NaN (0x7f, 0xff), so every path keeps them as they are
+            bits = torch.randint(0, 127, shape, generator=g, dtype=torch.uint8)
+            bits |= torch.randint(0, 2, shape, generator=g, dtype=torch.uint8) << 7
+            out[name] = bits.view(dtype) if dtype != torch.uint8 else bits
+        elif name.endswith("A_log"):
+            out[name] = torch.rand(shape, generator=g).to(dtype)
+        else:
+            out[name] = torch.randn(shape, generator=g).to(dtype)
+    return out
+
+
+def hf_config(arch, tie):
+    c = vl.Config
+    cfg = {"architectures": [arch], "hidden_size": c.hidden, "num_attention_heads": c.heads,
+           "num_key_value_heads": c.kv_heads, "head_dim": c.head_dim, "intermediate_size": c.inter,
+           "num_hidden_layers": c.layers, "vocab_size": c.vocab, "torch_dtype": "bfloat16",
+           "tie_word_embeddings": tie, "rms_norm_eps": 1e-5}
+    if arch == "MixtralForCausalLM":
+        cfg.update(num_local_experts=c.experts, num_experts_per_tok=2)
+    return cfg
+
+
+def state(model):
+    return {name: tensor_bytes(t) for name, t in list(model.named_parameters()) + list(model.named_buffers())}
+
+
+@unittest.skipIf(torch is None, "the capture and the loader need torch")
+class Equivalence(unittest.TestCase):
+    CHECKPOINTS = {"everything": ("everything", False, None), "everything-tied": ("everything", True, None),
+                   "llama-x": ("llama", False, "LlamaForCausalLM"), "llama-x-tied": ("llama", True, "LlamaForCausalLM"),
+                   "mixtral-x": ("mixtral", False, "MixtralForCausalLM")}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.tensors = {}
+        for seed, (name, (arch, tie, hf)) in enumerate(cls.CHECKPOINTS.items()):
+            cls.tensors[name] = random_tensors(vl.checkpoint_shapes(arch, tie), seed)
+            write_checkpoint(os.path.join(cls.tmp.name, name), cls.tensors[name], hf and hf_config(hf, tie))
+        binary = os.environ.get("SHARDSRV_BIN", os.path.join(ROOT, "bin", "shardsrv"))
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cls.proc = subprocess.Popen([binary, "serve", "--store", cls.tmp.name, "--addr", f"127.0.0.1:{port}",
+                                     "--log-level", "error"])
+        cls.url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(cls.url + "/healthz", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.05)
+        cls.client = shardsrv.Client(cls.url, attempts=2, backoff=0.05)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.terminate()
+        cls.proc.wait(timeout=30)
+        cls.tmp.cleanup()
+
+    def ranks(self):
+        for tp in (1, 2, 4, 8):
+            for ep in (False, True):
+                for r in range(tp):
+                    yield tp, r, ep
+
+    def load_both(self, checkpoint, tp, r, ep):
+        arch, tie, _ = self.CHECKPOINTS[checkpoint]
+        real = vl.TinyModel(vl.Rank(tp, r, ep), arch, tie)
+        with torch.no_grad():
+            real.load_weights(iter(self.tensors[checkpoint].items()))
+        streamed = vl.TinyModel(vl.Rank(tp, r, ep), arch, tie)
+        report = loader.load_model_weights(streamed, self.client, checkpoint)
+        return real, streamed, report
+
+    def test_every_rank_loads_as_the_models_own_loaders_do(self):
+        for checkpoint in ("everything", "everything-tied"):
+            for tp, r, ep in self.ranks():
+                with self.subTest(checkpoint=checkpoint, tp=tp, rank=r, ep=ep):
+                    real, streamed, report = self.load_both(checkpoint, tp, r, ep)
+                    want, got = state(real), state(streamed)
+                    self.assertEqual(sorted(want), sorted(got))
+                    differ = [n for n in want if want[n] != got[n]]
+                    self.assertEqual(differ, [], "parameters whose bytes differ")
+                    # Mamba's A = -exp(A_log) is the only loader that computes on values.
+                    self.assertEqual(report.fallbacks, ["ssm.A_log"])
+                    self.assertEqual(report.requests, 1)
+                    fallback_bytes = 4 * vl.Config.heads
+                    self.assertEqual(report.bytes_fetched, report.bytes_needed + fallback_bytes)
+
+    def test_capture_is_deterministic_and_logged(self):
+        model = vl.TinyModel(vl.Rank(4, 1, True))
+        listing = self.client.tensors("everything")["tensors"]
+        with self.assertLogs("shardsrv", logging.INFO) as logs:
+            first = cap.capture(model, listing).table()
+        second = cap.capture(vl.TinyModel(vl.Rank(4, 1, True)), listing).table()
+        self.assertEqual(json.dumps(first), json.dumps(second))
+        self.assertRegex(logs.output[-1], r"captured \d+ tensors into \d+ blocks, 1 fallbacks \(ssm.A_log\)")
+
+    def test_bounded_requests_and_staging_give_the_same_bytes(self):
+        real, _, _ = self.load_both("everything", 2, 1, False)
+        streamed = vl.TinyModel(vl.Rank(2, 1, False))
+        report = loader.load_model_weights(streamed, self.client, "everything", max_request_bytes=20000,
+                                           staging_bytes=256)
+        self.assertGreater(report.requests, 3)
+        self.assertEqual(state(real), state(streamed))
+
+    def test_a_parameter_nothing_writes_fails_the_load_by_name(self):
+        listing = [t for t in self.client.tensors("everything")["tensors"] if t["name"] != "model.norm.weight"]
+        with self.assertRaisesRegex(loader.LoadError, r"1 parameters: model\.norm\.weight"):
+            loader.load_model_weights(vl.TinyModel(vl.Rank(2, 0)), self.client, "everything", tensors=listing)
+
+    def test_a_body_damaged_on_every_attempt_fails_the_load(self):
+        from test_client import Proxy
+        proxy = Proxy(self.url, flip=True)
+        self.addCleanup(proxy.close)
+        client = shardsrv.Client(proxy.url, attempts=2, backoff=0.01)
+        with self.assertLogs("shardsrv", logging.WARNING), self.assertRaises(shardsrv.DigestError):
+            loader.load_model_weights(vl.TinyModel(vl.Rank(2, 0)), client, "everything")
+        self.assertEqual(proxy.shards(), 2, "retried once, then failed")
+
+    def test_the_capture_agrees_with_the_servers_vllm_layout(self):
+        """The server's "engine": "vllm" layout (vLLM v0.10.2's rules) against the capture of models
+        whose loaders follow vLLM's, for the architectures both cover. With tied embeddings the
+        server names the one parameter lm_head.weight (the state dict's smaller key); the model's
+        named_parameters calls it model.embed_tokens.weight."""
+        for checkpoint in ("llama-x", "llama-x-tied", "mixtral-x"):
+            for tp, r, ep in self.ranks():
+                if ep and checkpoint.startswith("llama"):
+                    continue
+                with self.subTest(checkpoint=checkpoint, tp=tp, rank=r, ep=ep):
+                    arch, tie, _ = self.CHECKPOINTS[checkpoint]
+                    model = vl.TinyModel(vl.Rank(tp, r, ep), arch, tie)
+                    loader.load_model_weights(model, self.client, checkpoint)
+                    got = state(model)
+                    if tie:
+                        got["lm_head.weight"] = got.pop("model.embed_tokens.weight")
+                    got = {n: b for n, b in got.items() if b}  # the saved state dict drops empty tensors
+                    layout = {"engine": "vllm", "tensor_parallel_size": tp, "tp_rank": r,
+                              "enable_expert_parallel": ep}
+                    body = self.client.fetch(checkpoint, layout=layout, format="safetensors")
+                    parsed, _ = shardsrv.parse_safetensors(body)
+                    want = {n: bytes(buf) for n, (_, _, buf) in parsed.items()}
+                    self.assertEqual(sorted(want), sorted(got))
+                    self.assertEqual([n for n in want if want[n] != got[n]], [])
+
+
+if __name__ == "__main__":
+    unittest.main()
