@@ -86,7 +86,9 @@ def state(model):
 
 
 @unittest.skipIf(torch is None, "the capture and the loader need torch")
-class Equivalence(unittest.TestCase):
+class LiveCheckpoints(unittest.TestCase):
+    """A live shardsrv serving the tiny models' checkpoints, written here."""
+
     CHECKPOINTS = {"everything": ("everything", False, None), "everything-tied": ("everything", True, None),
                    "llama-x": ("llama", False, "LlamaForCausalLM"), "llama-x-tied": ("llama", True, "LlamaForCausalLM"),
                    "mixtral-x": ("mixtral", False, "MixtralForCausalLM")}
@@ -120,12 +122,6 @@ class Equivalence(unittest.TestCase):
         cls.proc.wait(timeout=30)
         cls.tmp.cleanup()
 
-    def ranks(self):
-        for tp in (1, 2, 4, 8):
-            for ep in (False, True):
-                for r in range(tp):
-                    yield tp, r, ep
-
     def load_both(self, checkpoint, tp, r, ep):
         arch, tie, _ = self.CHECKPOINTS[checkpoint]
         real = vl.TinyModel(vl.Rank(tp, r, ep), arch, tie)
@@ -134,6 +130,14 @@ class Equivalence(unittest.TestCase):
         streamed = vl.TinyModel(vl.Rank(tp, r, ep), arch, tie)
         report = loader.load_model_weights(streamed, self.client, checkpoint)
         return real, streamed, report
+
+
+class Equivalence(LiveCheckpoints):
+    def ranks(self):
+        for tp in (1, 2, 4, 8):
+            for ep in (False, True):
+                for r in range(tp):
+                    yield tp, r, ep
 
     def test_every_rank_loads_as_the_models_own_loaders_do(self):
         for checkpoint in ("everything", "everything-tied"):
@@ -205,6 +209,110 @@ class Equivalence(unittest.TestCase):
                     want = {n: bytes(buf) for n, (_, _, buf) in parsed.items()}
                     self.assertEqual(sorted(want), sorted(got))
                     self.assertEqual([n for n in want if want[n] != got[n]], [])
+
+
+def stand_in_vllm():
+    """The part of vLLM the plugin touches, as vLLM's sources define it (model_loader/__init__.py's
+    register_model_loader and get_model_loader, base_loader.py's BaseModelLoader with its abstract
+    download_model and load_weights and its load_model: build the model, load_weights, then
+    process_weights_after_loading). vLLM itself cannot be installed where these tests run."""
+    import abc
+    import types
+    registry = {}
+
+    class BaseModelLoader(abc.ABC):
+        def __init__(self, load_config):
+            self.load_config = load_config
+
+        @abc.abstractmethod
+        def download_model(self, model_config):
+            raise NotImplementedError
+
+        @abc.abstractmethod
+        def load_weights(self, model, model_config):
+            raise NotImplementedError
+
+        def load_model(self, vllm_config, model_config):
+            model = vllm_config.initialize_model()
+            self.load_weights(model, model_config)
+            for module in model.modules():
+                if hasattr(module, "process_weights_after_loading"):
+                    module.process_weights_after_loading()
+            return model.eval()
+
+    def register_model_loader(load_format):
+        def wrapper(cls):
+            if not issubclass(cls, BaseModelLoader):
+                raise ValueError("The model loader must be a subclass of `BaseModelLoader`.")
+            registry[load_format] = cls
+            return cls
+        return wrapper
+
+    def get_model_loader(load_config):
+        return registry[load_config.load_format](load_config)
+
+    loader_mod = types.ModuleType("vllm.model_executor.model_loader")
+    loader_mod.register_model_loader, loader_mod.get_model_loader = register_model_loader, get_model_loader
+    base = types.ModuleType("vllm.model_executor.model_loader.base_loader")
+    base.BaseModelLoader = BaseModelLoader
+    return {"vllm": types.ModuleType("vllm"), "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+            "vllm.model_executor.model_loader": loader_mod, "vllm.model_executor.model_loader.base_loader": base}
+
+
+@unittest.skipIf(torch is None, "the plugin needs torch")
+class Plugin(unittest.TestCase):
+    def test_the_entry_point_names_register(self):
+        try:
+            import tomllib
+        except ImportError:
+            self.skipTest("tomllib arrived in Python 3.11")
+        with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+            project = tomllib.load(f)["project"]
+        self.assertEqual(project["entry-points"]["vllm.general_plugins"], {"shardsrv": "shardsrv.vllm_plugin:register"})
+        from shardsrv import vllm_plugin
+        self.assertTrue(callable(vllm_plugin.register))
+
+    def test_extra_config(self):
+        from shardsrv.vllm_plugin import parse_extra_config
+        with tempfile.NamedTemporaryFile("w") as f:
+            f.write("s3cret\n")
+            f.flush()
+            self.assertEqual(parse_extra_config({"url": "http://x:8080", "checkpoint": "c", "token_file": f.name}),
+                             ("http://x:8080", "c", "s3cret"))
+        self.assertEqual(parse_extra_config({"url": "http://x", "checkpoint": "c"}), ("http://x", "c", None))
+        with self.assertRaisesRegex(ValueError, '"checkpoint"'):
+            parse_extra_config({"url": "http://x"})
+        with self.assertRaisesRegex(ValueError, r"unknown fields \['tp'\]"):
+            parse_extra_config({"url": "http://x", "checkpoint": "c", "tp": 2})
+        with self.assertRaisesRegex(ValueError, '"url"'):
+            parse_extra_config(None)
+
+
+class PluginLoad(LiveCheckpoints):
+    """The plugin's path end to end: vLLM's get_model_loader and load_model (the stand-in) with
+    --load-format shardsrv, against the live server."""
+
+    def test_the_plugin_loads_through_vllms_loader_api(self):
+        from unittest import mock
+        import types
+        with mock.patch.dict(sys.modules, stand_in_vllm()):
+            from shardsrv import vllm_plugin
+            vllm_plugin.register()
+            get_model_loader = sys.modules["vllm.model_executor.model_loader"].get_model_loader
+            for tp, r, ep in [(1, 0, False), (2, 1, False), (8, 5, True)]:
+                with self.subTest(tp=tp, rank=r, ep=ep):
+                    load_config = types.SimpleNamespace(load_format="shardsrv", model_loader_extra_config={
+                        "url": self.url, "checkpoint": "everything"})
+                    vllm_config = types.SimpleNamespace(initialize_model=lambda: vl.TinyModel(vl.Rank(tp, r, ep)))
+                    loader_ = get_model_loader(load_config)
+                    loader_.download_model(None)
+                    with self.assertLogs("shardsrv", logging.INFO) as logs:
+                        model = loader_.load_model(vllm_config, None)
+                    self.assertIn("fallbacks=1", logs.output[-1])
+                    real = vl.TinyModel(vl.Rank(tp, r, ep))
+                    with torch.no_grad():
+                        real.load_weights(iter(self.tensors["everything"].items()))
+                    self.assertEqual(state(model), state(real))
 
 
 if __name__ == "__main__":
