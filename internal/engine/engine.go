@@ -135,20 +135,6 @@ func names[V any](m map[string]V) string {
 	return strings.Join(out, ", ")
 }
 
-func (p Parallel) check() error {
-	switch {
-	case p.TP < 1:
-		return &Error{"/layout/tensor_parallel_size", fmt.Sprintf("must be at least 1, got %d", p.TP)}
-	case p.TPRank < 0 || p.TPRank >= p.TP:
-		return &Error{"/layout/tp_rank", fmt.Sprintf("rank %d is not in [0, %d)", p.TPRank, p.TP)}
-	case p.DP < 1:
-		return &Error{"/layout/data_parallel_size", fmt.Sprintf("must be at least 1, got %d", p.DP)}
-	case p.DPRank < 0 || p.DPRank >= p.DP:
-		return &Error{"/layout/dp_rank", fmt.Sprintf("rank %d is not in [0, %d)", p.DPRank, p.DP)}
-	}
-	return nil
-}
-
 // config is a Hugging Face config.json.
 type config map[string]any
 
@@ -177,15 +163,11 @@ func (c config) int(key string, def int64) (int64, error) {
 	v, ok := c[key]
 	if !ok || v == nil {
 		if def < 0 {
-			return 0, checkpointError("config.json has no %q", key)
+			return 0, configError(key, "is missing")
 		}
 		return def, nil
 	}
-	f, ok := v.(float64)
-	if !ok || f != float64(int64(f)) || f < 0 {
-		return 0, checkpointError("config.json's %q is %v, not a non-negative integer", key, v)
-	}
-	return int64(f), nil
+	return configInt(key, v)
 }
 
 func (c config) bool(key string) bool {
@@ -198,15 +180,18 @@ func (c config) str(key string) string {
 	return s
 }
 
-func (c config) ints(key string) ([]int64, error) {
-	raw, _ := c[key].([]any)
+func (c config) ints(key string) ([]int64, error) { return intList(key, c[key]) }
+
+// intList reads a list of integers at ptr (a JSON pointer into config.json, without the leading
+// slash); anything but a list is none.
+func intList(ptr string, v any) ([]int64, error) {
+	raw, _ := v.([]any)
 	out := make([]int64, len(raw))
 	for i, v := range raw {
-		f, ok := v.(float64)
-		if !ok || f != float64(int64(f)) {
-			return nil, checkpointError("config.json's %q holds %v, not an integer", key, v)
+		var err error
+		if out[i], err = configInt(fmt.Sprintf("%s/%d", ptr, i), v); err != nil {
+			return nil, err
 		}
-		out[i] = int64(f)
 	}
 	return out, nil
 }

@@ -30,14 +30,18 @@ func (m *model) attentionShape() (heads, kvHeads, headDim int64, err error) {
 		return
 	}
 	if heads == 0 {
-		return 0, 0, 0, checkpointError("config.json's num_attention_heads is 0")
+		return 0, 0, 0, configError("num_attention_heads", "is 0")
 	}
 	if kvHeads, err = m.cfg.int("num_key_value_heads", heads); err != nil {
 		return
 	}
 	headDim, err = m.cfg.int("head_dim", hidden/heads)
-	if err == nil && kvHeads == 0 {
-		err = checkpointError("config.json's num_key_value_heads is 0")
+	switch {
+	case err != nil:
+	case kvHeads == 0:
+		err = configError("num_key_value_heads", "is 0")
+	case headDim == 0:
+		err = configError("head_dim", "is 0 (or hidden_size / num_attention_heads is)")
 	}
 	return
 }

@@ -24,7 +24,7 @@ func (m *model) readQuantization() error {
 	if q == nil {
 		return nil
 	}
-	block, err := config(q).ints("weight_block_size")
+	block, err := intList("quantization_config/weight_block_size", q["weight_block_size"])
 	if err != nil {
 		return err
 	}
@@ -48,7 +48,7 @@ func (m *model) shape(name string, dims int) ([]int64, error) {
 	if len(t.Shape) != dims {
 		return nil, checkpointError("%q has shape %v, not %d-d", name, t.Shape, dims)
 	}
-	return t.Shape, nil
+	return t.Shape, checkDims(name, t.Shape)
 }
 
 func (m *model) has(name string) bool { _, ok := m.tensors[name]; return ok }
@@ -283,7 +283,7 @@ func (m *model) rowLinear(name, module string) error {
 // is not whole blocks, and output partitions (all of a TP split, all but the last of a merged
 // layer) that are not whole blocks — a scale block straddling a rank or part boundary.
 func (m *model) checkBlockShape(name string, tp, in, inPart, out int64, outParts []int64) error {
-	if tp > 1 && in/inPart == tp && inPart%m.blockK != 0 {
+	if tp > 1 && in == inPart*tp && inPart%m.blockK != 0 {
 		return &Error{"/layout/tensor_parallel_size", fmt.Sprintf(
 			"%s: the rank's %d input features are not whole FP8 scale blocks of %d (vLLM refuses this split)",
 			name,
@@ -295,7 +295,7 @@ func (m *model) checkBlockShape(name string, tp, in, inPart, out int64, outParts
 	for _, p := range outParts {
 		sum += p
 	}
-	split := tp > 1 && out/sum == tp
+	split := tp > 1 && out == sum*tp
 	check := outParts
 	if !split && len(outParts) > 1 {
 		check = outParts[:len(outParts)-1]
