@@ -95,6 +95,17 @@ def _sources(pieces):
     return {p.source for p in pieces}
 
 
+_IDENTITIES = {}
+
+
+def _identity(n):
+    """The n × n identity coefficients, shared: pieces never change their coeff in place."""
+    ident = _IDENTITIES.get(n)
+    if ident is None:
+        ident = _IDENTITIES[n] = [[int(i == j) for j in range(n)] for i in range(n)]
+    return ident
+
+
 class Recording(torch.Tensor):
     """A tensor with a shape and a dtype but no data (on the meta device) that records, in
     _pieces, where each of its elements comes from."""
@@ -112,8 +123,7 @@ class Recording(torch.Tensor):
         meta = torch.empty(shape, dtype=dtype, device="meta")
         if math.prod(shape) == 0:
             return cls(meta, [])
-        ident = [[int(i == j) for j in range(n)] for i in range(n)]
-        return cls(meta, [_Piece([0] * n, list(shape), name, [0] * n, ident, ())])
+        return cls(meta, [_Piece([0] * n, list(shape), name, [0] * n, _identity(n), ())])
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -642,6 +652,21 @@ def _overlaps(a, b):
                                                                           b["lengths"]))
 
 
+def _any_overlap(blocks):
+    """Whether two of the blocks overlap: a sweep along the first dimension."""
+    if not blocks or not blocks[0]["offsets"]:
+        return len(blocks) > 1
+    spans = sorted(blocks, key=lambda b: b["offsets"][0])
+    for i, a in enumerate(spans):
+        end = a["offsets"][0] + a["lengths"][0]
+        for b in spans[i + 1:]:
+            if b["offsets"][0] >= end:
+                break
+            if _overlaps(a, b):
+                return True
+    return False
+
+
 _active = None  # the Capture a load_weights call is recording into
 
 
@@ -682,14 +707,27 @@ def capture(model, tensors, load_weights=None):
     # Blocks in checkpoint order, per destination in the model's order; a later write wins, so a
     # source whose blocks overlap earlier ones falls back (its loader then writes last, for real).
     order = {name: i for i, name in enumerate(names)}
-    per_dest = {}
-    for source in sorted(cap._current, key=order.get):
-        mine = cap._current[source]
-        if any(_overlaps(b, o) for dest, b in mine for o in per_dest.get(dest, ())):
-            fallbacks.add(source)
-            continue
-        for dest, b in mine:
+    per_dest, overlapping = {}, {}
+    sources = sorted(cap._current, key=order.get)
+    for source in sources:
+        for dest, b in cap._current[source]:
             per_dest.setdefault(dest, []).append(b)
+    for dest, blocks in per_dest.items():
+        if _any_overlap(blocks):
+            overlapping[dest] = []
+    if overlapping:  # rare: redo those destinations in order, the later source falling back
+        for source in sources:
+            mine = [(d, b) for d, b in cap._current[source] if d in overlapping]
+            if any(_overlaps(b, o) for d, b in mine for o in overlapping[d]):
+                fallbacks.add(source)
+            else:
+                for d, b in mine:
+                    overlapping[d].append(b)
+        per_dest = {}
+        for source in sources:
+            if source not in fallbacks:
+                for dest, b in cap._current[source]:
+                    per_dest.setdefault(dest, []).append(b)
     model_order = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     for name in model_order:
         if name in per_dest:
