@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -142,6 +143,41 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 			if aborted != nil {
 				panic(aborted)
 			}
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+// recoverPanics answers a handler's panic with a 500 problem carrying the request id, logs it with
+// its stack and counts it (shardsrv.panics), where net/http would drop the connection unanswered.
+// A deliberate abort (http.ErrAbortHandler), and a panic once the response has begun, still abort
+// the connection: a client must not take a partial body for a whole one.
+func (s *Server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &recorder{ResponseWriter: w}
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			id := middleware.GetReqID(r.Context())
+			route := chi.RouteContext(r.Context()).RoutePattern()
+			s.log.Error("handler panicked", "request_id", id, "route", route, "panic", fmt.Sprint(v),
+				"stack", string(debug.Stack()))
+			s.metrics.panics.Add(context.WithoutCancel(r.Context()), 1,
+				metric.WithAttributes(attribute.String("route", route)))
+			if rec.status != 0 {
+				panic(http.ErrAbortHandler)
+			}
+			writeProblem(w, r, &Problem{
+				Status: http.StatusInternalServerError,
+				Slug:   "internal-error",
+				Title:  "The server failed",
+				Detail: "an internal error, logged under request id " + id,
+			})
 		}()
 		next.ServeHTTP(rec, r)
 	})

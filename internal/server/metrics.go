@@ -19,6 +19,7 @@ type metrics struct {
 	streamLatency metric.Float64Histogram
 	amplification metric.Float64Histogram
 	streams       metric.Int64UpDownCounter
+	panics        metric.Int64Counter
 }
 
 func newMetrics(mp metric.MeterProvider, s *Server) *metrics {
@@ -49,6 +50,10 @@ func newMetrics(mp metric.MeterProvider, s *Server) *metrics {
 	out.streams, _ = m.Int64UpDownCounter(
 		"shardsrv.streams.active",
 		metric.WithDescription("Shard streams in progress"),
+	)
+	out.panics, _ = m.Int64Counter(
+		"shardsrv.panics",
+		metric.WithDescription("Handler panics answered with a 500, by route"),
 	)
 	inFlight, _ := m.Int64ObservableGauge(
 		"shardsrv.buffers.in_flight",

@@ -219,17 +219,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) (release func(), 
 // Handler returns the HTTP handler with every route of openapi.yaml.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(
-		s.bodyDeadline,
-		otelhttp.NewMiddleware(
-			"shardsrv",
-			otelhttp.WithTracerProvider(s.cfg.Tracer),
-			otelhttp.WithMeterProvider(s.cfg.Meter),
-		),
-		requestID,
-		s.accessLog,
-		s.authenticate,
-	)
+	r.Use(s.middleware()...)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(
 			w,
@@ -270,6 +260,22 @@ func (s *Server) Handler() http.Handler {
 			)
 		},
 	})
+}
+
+// middleware is what every request passes through before its route, outermost first.
+func (s *Server) middleware() []func(http.Handler) http.Handler {
+	return []func(http.Handler) http.Handler{
+		s.bodyDeadline,
+		otelhttp.NewMiddleware(
+			"shardsrv",
+			otelhttp.WithTracerProvider(s.cfg.Tracer),
+			otelhttp.WithMeterProvider(s.cfg.Meter),
+		),
+		requestID,
+		s.accessLog,
+		s.recoverPanics,
+		s.authenticate,
+	}
 }
 
 // bodyDeadline gives every request that carries a body BodyTimeout to send it: the connection's
