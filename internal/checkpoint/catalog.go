@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sync/errgroup"
@@ -251,6 +252,9 @@ func (c *Catalog) readIndex(ctx context.Context, key string, info store.Info) (m
 	buf := make([]byte, info.Size)
 	if err := c.store.ReadAt(ctx, key, info.Version, buf, 0); err != nil {
 		return nil, err
+	}
+	if !utf8.Valid(buf) { // encoding/json would read invalid bytes as U+FFFD, and two names as one
+		return nil, &Error{fmt.Sprintf("%s is not UTF-8", key)}
 	}
 	var index struct {
 		WeightMap map[string]string `json:"weight_map"`

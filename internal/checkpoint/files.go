@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/shardsrv/shardsrv/internal/oms"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
@@ -27,13 +28,36 @@ type File struct {
 	store.Info
 }
 
-// servable reports whether a folder file may be served whole: not tensor data, not the index.
-func servable(name string) bool {
-	return !strings.HasSuffix(name, ".safetensors") && name != IndexFile
+// servedFiles are the small files of a checkpoint folder the files route serves (docs/contract.md
+// lists them): what an engine loads beside the weights — the model and generation configs, the
+// tokenizer in each of its formats, chat templates — and the signature. Anything else in the
+// folder (dotfiles, editor backups, notes, other tools' state) is not the checkpoint's to publish.
+var servedFiles = map[string]bool{
+	"config.json":             true,
+	"generation_config.json":  true,
+	"tokenizer.json":          true,
+	"tokenizer_config.json":   true,
+	"tokenizer.model":         true, // SentencePiece
+	"tiktoken.model":          true,
+	"special_tokens_map.json": true,
+	"added_tokens.json":       true,
+	"vocab.json":              true,
+	"vocab.txt":               true,
+	"merges.txt":              true,
+	"chat_template.jinja":     true,
+	"chat_template.json":      true,
+	oms.SignatureFile:         true, // docs/signing.md
 }
 
-// StatFile resolves a small file of a checkpoint: the same name rules as checkpoints, only files
-// the folder holds, never its safetensors, at most MaxFileBytes.
+// servable reports whether a folder file is one of servedFiles, or a tiktoken vocabulary
+// (qwen.tiktoken), whose name is the model's own.
+func servable(name string) bool {
+	return servedFiles[name] ||
+		strings.HasSuffix(name, ".tiktoken") && !strings.HasPrefix(name, ".") && !strings.Contains(name, "/")
+}
+
+// StatFile resolves a small file of a checkpoint: the same name rules as checkpoints, only the
+// servable files the folder holds, at most MaxFileBytes.
 func (c *Catalog) StatFile(ctx context.Context, checkpoint, name string) (File, error) {
 	if err := store.ValidateKey(checkpoint); err != nil {
 		return File{}, err
@@ -42,7 +66,9 @@ func (c *Catalog) StatFile(ctx context.Context, checkpoint, name string) (File, 
 		return File{}, err
 	}
 	if !servable(name) {
-		return File{}, fmt.Errorf("%w: %s is tensor data; request it through /v1/shards", ErrNoFile, name)
+		return File{}, fmt.Errorf(
+			"%w: %s is not one of the files a checkpoint serves (configs, tokenizer files, chat templates, "+
+				"the signature); tensor data is requested through /v1/shards", ErrNoFile, name)
 	}
 	key := checkpoint + "/" + name
 	info, err := c.store.Stat(ctx, key)

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/shardsrv/shardsrv/api"
 )
@@ -139,6 +140,11 @@ func names[V any](m map[string]V) string {
 type config map[string]any
 
 func parseConfig(b []byte) (config, error) {
+	// encoding/json would turn invalid UTF-8 into U+FFFD: a config.json Hugging Face's own loader
+	// (json.load of the text) refuses would be read as something else.
+	if !utf8.Valid(b) {
+		return nil, checkpointError("config.json is not UTF-8")
+	}
 	var c config
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, checkpointError("config.json is not a JSON object: %v", err)

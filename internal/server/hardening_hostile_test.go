@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -80,6 +82,57 @@ func TestLayoutConfigIntegersBounded(t *testing.T) {
 			res := h.do("POST", route, map[string]any{"checkpoint": "moe",
 				"layout": map[string]any{"engine": "vllm", "tensor_parallel_size": 2, "enable_expert_parallel": true}})
 			wantProblem(t, route+" "+key, res, "/layout", "config.json /"+key)
+		}
+	}
+}
+
+// TestLayoutConfigNotUTF8: a config.json with bytes that are not UTF-8 is refused, not read with
+// U+FFFD in their place.
+func TestLayoutConfigNotUTF8(t *testing.T) {
+	h, cfg := hostileHarness(t)
+	h.put("moe/config.json", append([]byte("{\"_name_or_path\": \"caf\xe9\", "), cfg[1:]...))
+	for _, route := range layoutRoutes {
+		res := h.do("POST", route, map[string]any{"checkpoint": "moe", "layout": map[string]any{"engine": "vllm"}})
+		wantProblem(t, route, res, "/layout", "config.json is not UTF-8")
+	}
+}
+
+// TestFilesRouteServesDocumentedFiles: the files route lists and serves the checkpoint's configs,
+// tokenizer files and chat templates, and nothing else the folder happens to hold.
+func TestFilesRouteServesDocumentedFiles(t *testing.T) {
+	h, _ := hostileHarness(t)
+	served := []string{"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+		"chat_template.jinja", "qwen.tiktoken"}
+	stray := []string{".env", ".tiktoken", "config.json~", "config.json.bak", "#tokenizer.json#", "notes.txt",
+		"model.safetensors", "model.safetensors.index.json"}
+	for _, f := range append(served[1:], stray...) {
+		if f != "model.safetensors" {
+			h.put("moe/"+f, []byte(`{"secret": "`+f+`"}`))
+		}
+	}
+	res := h.do("GET", "/v1/checkpoints/moe/files", nil)
+	var list struct{ Files []struct{ Name string } }
+	json.Unmarshal(res.body, &list)
+	var names []string
+	for _, f := range list.Files {
+		names = append(names, f.Name)
+	}
+	slices.Sort(names)
+	want := slices.Sorted(slices.Values(served))
+	if res.status != 200 || !slices.Equal(names, want) {
+		t.Fatalf("listed %d %v, want %v", res.status, names, want)
+	}
+	for _, f := range served {
+		if res := h.do("GET", "/v1/checkpoints/moe/files/"+f, nil); res.status != 200 {
+			t.Errorf("%s: %d %s", f, res.status, res.body)
+		}
+	}
+	for _, f := range stray {
+		res := h.do("GET", "/v1/checkpoints/moe/files/"+url.PathEscape(f), nil)
+		// 404, or 400 for a name the store's key rules refuse outright
+		if res.status != http.StatusNotFound && res.status != http.StatusBadRequest ||
+			strings.Contains(string(res.body), "secret") {
+			t.Errorf("%s: %d %s, want a 404", f, res.status, res.body)
 		}
 	}
 }
