@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -200,8 +203,13 @@ func FuzzShardRequest(f *testing.F) {
 	}
 	e := newFuzzEnv(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, path := range []string{"/v1/shards", "/v1/plan"} {
-			e.check(t, path, body)
+		for _, b := range append([][]byte{body}, extremeVariants(body)...) {
+			for _, path := range []string{"/v1/shards", "/v1/plan"} {
+				e.check(t, path, b)
+			}
+			if bytes.Contains(b, []byte(`"layout"`)) {
+				e.check(t, "/v1/layouts", b)
+			}
 		}
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
@@ -217,6 +225,79 @@ func FuzzShardRequest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// boundaryInts are the integers byte mutations rarely reach and overflows hide behind.
+var boundaryInts = []int64{0, -1, 1 << 31, 1 << 62, math.MaxInt64}
+
+// maxExtremeFields bounds how many integer fields of one input get boundary values, so a table of
+// thousands of blocks costs a few dozen requests, not thousands.
+const maxExtremeFields = 24
+
+// extremeVariants are body (when it is JSON) with boundary integers in place of its integers: each
+// integer field of a layout takes every boundary value in turn, and up to maxExtremeFields other
+// integer fields, picked by the body's hash, one boundary value each, so across inputs every field
+// of every request kind meets every value.
+func extremeVariants(body []byte) [][]byte {
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if dec.Decode(&doc) != nil {
+		return nil
+	}
+	var fields []*json.Number // pointers into doc, in walk order
+	var layoutFields []*json.Number
+	var walk func(v any, inLayout bool)
+	visit := func(slot *any, inLayout bool) {
+		if n, ok := (*slot).(json.Number); ok {
+			if _, err := n.Int64(); err == nil {
+				p := &n
+				*slot = p
+				fields = append(fields, p)
+				if inLayout {
+					layoutFields = append(layoutFields, p)
+				}
+			}
+			return
+		}
+		walk(*slot, inLayout)
+	}
+	walk = func(v any, inLayout bool) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				visit(&x, inLayout || k == "layout")
+				v[k] = x
+			}
+		case []any:
+			for i := range v {
+				visit(&v[i], inLayout)
+			}
+		}
+	}
+	walk(doc, false)
+	h := fnv.New64a()
+	h.Write(body)
+	seed := h.Sum64()
+	var out [][]byte
+	emit := func(n *json.Number, value int64) {
+		orig := *n
+		*n = json.Number(strconv.FormatInt(value, 10))
+		if b, err := json.Marshal(doc); err == nil {
+			out = append(out, b)
+		}
+		*n = orig
+	}
+	for _, n := range layoutFields {
+		for _, v := range boundaryInts {
+			emit(n, v)
+		}
+	}
+	for i := range min(len(fields), maxExtremeFields) {
+		k := (seed + uint64(i)*0x9e3779b97f4a7c15) % uint64(len(fields))
+		emit(fields[k], boundaryInts[(seed>>8+uint64(i))%uint64(len(boundaryInts))])
+	}
+	return out
 }
 
 // fuzzSeeds are the seed corpus: valid requests of every kind the contract has, then hand-made
@@ -356,6 +437,22 @@ func fuzzSeeds() map[string][]byte {
 		"mut-layout-huge-tp",
 		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":1099511627776,"tp_rank":-1,`+
 			`"data_parallel_size":0}}`,
+	)
+	// TP × DP that wraps to 0 (a division by zero), to −2, or past the ranks with a rank of 2^62.
+	add(
+		"mut-layout-tp-dp-wraps-to-zero",
+		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":4,`+
+			`"data_parallel_size":4611686018427387904,"enable_expert_parallel":true}}`,
+	)
+	add(
+		"mut-layout-tp-dp-wraps-negative",
+		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":2,`+
+			`"data_parallel_size":9223372036854775807,"enable_expert_parallel":true}}`,
+	)
+	add(
+		"mut-layout-dp-rank-2^62",
+		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","data_parallel_size":4611686018427387905,`+
+			`"dp_rank":4611686018427387904,"enable_expert_parallel":true}}`,
 	)
 	add(
 		"mut-numbers-out-of-range",
