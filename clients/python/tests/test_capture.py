@@ -69,7 +69,7 @@ def random_step(real, rec, rng):
     if op == "narrow":
         s = rng.randrange(shape[d])
         n = rng.randrange(1, shape[d] - s + 1)
-        return f"narrow({d}, {s}, {n})", real.narrow(d, s, n), rec.narrow(d, s, n)
+        return f"narrow({d}, {s}, {n})", real.narrow(d, s, n), rec.narrow(d, s, n) if s % 2 else torch.narrow(rec, d, s, n)
     if op == "select":
         i = rng.randrange(-shape[d], shape[d])
         return f"select({d}, {i})", real.select(d, i), rec.select(d, i)
@@ -98,7 +98,8 @@ def random_step(real, rec, rng):
         return f"[{index}]", real[index], rec[index]
     if op == "transpose":
         a, b = rng.randrange(nd), rng.randrange(-nd, nd)
-        return f"transpose({a}, {b})", real.transpose(a, b), rec.transpose(a, b)
+        how = rng.choice([lambda t: t.transpose(a, b), lambda t: t.swapaxes(a, b), lambda t: torch.transpose(t, a, b)])
+        return f"transpose({a}, {b})", real.transpose(a, b), how(rec)
     if op == "t" and nd == 2:
         return "t()", real.t(), rec.t() if rng.random() < 0.5 else rec.T
     if op in ("permute", "t"):
@@ -121,7 +122,10 @@ def random_step(real, rec, rng):
             new[rng.randrange(len(new))] = -1
         return f"reshape({new})", real.reshape(new), rec.reshape(new) if rng.random() < 0.5 else rec.view(*new)
     if op == "flatten":
-        return "flatten()", real.flatten(), rec.flatten()
+        if rng.random() < 0.5:
+            return "flatten()", real.flatten(), rec.flatten()
+        sizes = factorizations(shape[d], rng) if shape[d] else [0]
+        return f"unflatten({d}, {sizes})", real.unflatten(d, sizes), rec.unflatten(d, sizes)
     if op == "squeeze":
         return f"squeeze({d})", real.squeeze(d), rec.squeeze(d)
     if op == "unsqueeze":
@@ -140,8 +144,10 @@ def random_step(real, rec, rng):
         return f"stack({d})", torch.stack([real, real], d), torch.stack([rec, rec], d)
     if op == "to":
         dtype = rng.choice([torch.float64, torch.float16, torch.bfloat16, torch.float32])
-        return f"to({dtype})", real.to(dtype), rec.to(dtype) if rng.random() < 0.5 else rec.to("cpu", dtype)
-    return "clone()", real.clone().contiguous(), rec.clone().contiguous()
+        how = rng.choice([lambda t: t.to(dtype), lambda t: t.to("cpu", dtype), lambda t: t.to(dtype=dtype),
+                          lambda t: t.type_as(torch.zeros((), dtype=dtype)), lambda t: t.type(dtype)])
+        return f"to({dtype})", real.to(dtype), how(rec)
+    return "clone()", real.clone().contiguous(), rec.clone().contiguous().data.detach()
 
 
 @unittest.skipIf(torch is None, "the capture needs torch")

@@ -91,6 +91,7 @@ class LiveCheckpoints(unittest.TestCase):
 
     CHECKPOINTS = {"everything": ("everything", False, None), "everything-tied": ("everything", True, None),
                    "llama-x": ("llama", False, "LlamaForCausalLM"), "llama-x-tied": ("llama", True, "LlamaForCausalLM"),
+                   "qwen2-x": ("qwen2", False, "Qwen2ForCausalLM"), "qwen3-x": ("qwen3", True, "Qwen3ForCausalLM"),
                    "mixtral-x": ("mixtral", False, "MixtralForCausalLM")}
 
     @classmethod
@@ -190,9 +191,9 @@ class Equivalence(LiveCheckpoints):
         whose loaders follow vLLM's, for the architectures both cover. With tied embeddings the
         server names the one parameter lm_head.weight (the state dict's smaller key); the model's
         named_parameters calls it model.embed_tokens.weight."""
-        for checkpoint in ("llama-x", "llama-x-tied", "mixtral-x"):
+        for checkpoint in ("llama-x", "llama-x-tied", "qwen2-x", "qwen3-x", "mixtral-x"):
             for tp, r, ep in self.ranks():
-                if ep and checkpoint.startswith("llama"):
+                if ep and not checkpoint.startswith("mixtral"):
                     continue
                 with self.subTest(checkpoint=checkpoint, tp=tp, rank=r, ep=ep):
                     arch, tie, _ = self.CHECKPOINTS[checkpoint]
@@ -313,6 +314,47 @@ class PluginLoad(LiveCheckpoints):
                     with torch.no_grad():
                         real.load_weights(iter(self.tensors["everything"].items()))
                     self.assertEqual(state(model), state(real))
+
+
+class StreamingParts(unittest.TestCase):
+    """Client.fetch_into_parts, which the loader streams through, against a scripted server."""
+
+    BODY = b"0123456789"
+
+    def parts(self, log):
+        views = [memoryview(bytearray(n)) for n in (3, 3, 4)]
+
+        def parts():
+            for i, v in enumerate(views):
+                yield v, (lambda i=i, v=v: log.append((i, bytes(v))))
+        return parts
+
+    def test_parts_are_filled_in_order_and_again_on_a_retry(self):
+        from test_client import Scripted, sha256_field
+        good = (200, {"Shard-Length": "10"}, self.BODY, {"Repr-Digest": sha256_field(self.BODY)})
+        bad = (200, {"Shard-Length": "10"}, self.BODY, {"Repr-Digest": sha256_field(b"else")})
+        s = Scripted(bad, good)
+        self.addCleanup(s.close)
+        log = []
+        c = shardsrv.Client(s.url, attempts=2, backoff=0.01)
+        with self.assertLogs("shardsrv", logging.WARNING):
+            self.assertEqual(c.fetch_into_parts({}, 10, self.parts(log)), sha256_field(self.BODY))
+        want = [(0, b"012"), (1, b"345"), (2, b"6789")]
+        self.assertEqual(log, want + want, "each attempt fills every part")
+
+    def test_a_short_body_fails_after_the_retries_and_a_wrong_length_at_once(self):
+        from test_client import Scripted
+        s = Scripted(*[(200, {"Content-Length": "10"}, self.BODY[:6])] * 2)
+        self.addCleanup(s.close)
+        log = []
+        with self.assertLogs("shardsrv", logging.WARNING), self.assertRaises(shardsrv.ShortBodyError) as ctx:
+            shardsrv.Client(s.url, attempts=2, backoff=0.01).fetch_into_parts({}, 10, self.parts(log))
+        self.assertEqual((ctx.exception.got, ctx.exception.want), (6, 10))
+        self.assertEqual(log, [(0, b"012"), (1, b"345")] * 2, "the parts before the cut were filled")
+        s.script = [(200, {}, self.BODY)] * 2
+        with self.assertRaisesRegex(ValueError, "the shard is 10 bytes, not the 12"):
+            shardsrv.Client(s.url, attempts=2, backoff=0.01).fetch_into_parts({}, 12, self.parts([]))
+        self.assertEqual(len(s.script), 1, "not retried")
 
 
 if __name__ == "__main__":

@@ -255,9 +255,11 @@ class Config:
     q_lora, kv_lora, rope = 16, 16, 8
 
 
-# arch: (MoE layers, dense MLP: in layer 0 or "all", the extra loaders, block FP8 in layer 0)
-ARCHS = {"everything": (True, True, True, True), "llama": (False, "all", False, False),
-         "mixtral": (True, False, False, False)}
+# arch: (MoE layers, dense MLP: in layer 0 or "all", the extra loaders, block FP8 in layer 0,
+# q/k/v biases (Qwen2), per-head q_norm and k_norm (Qwen3))
+ARCHS = {"everything": (True, True, True, True, True, False), "llama": (False, "all", False, False, False, False),
+         "qwen2": (False, "all", False, False, True, False), "qwen3": (False, "all", False, False, False, True),
+         "mixtral": (True, False, False, False, False, False)}
 
 
 class TinyModel(nn.Module):
@@ -265,12 +267,13 @@ class TinyModel(nn.Module):
     o_proj, block_sparse_moe.gate and experts, model.norm, lm_head), and on top the loaders the
     equivalence tests need besides ("everything"): layer 0's dense MLP and experts in block FP8,
     MLA's fused q_a + kv_a, a transposing loader, two casting loaders, one that computes on
-    values and one that writes column ranges. "llama" and "mixtral" are those architectures' vLLM models alone."""
+    values and one that writes column ranges. "llama", "qwen2", "qwen3" and "mixtral" are those
+    architectures' vLLM models alone."""
 
     def __init__(self, rank, arch="everything", tie=False, cfg=Config):
         super().__init__()
         self.cfg, self.rank, self.tie = cfg, rank, tie
-        moe, dense_mlp, extras, fp8 = ARCHS[arch]
+        moe, dense_mlp, extras, fp8, qkv_bias, qk_norm = ARCHS[arch]
         c = cfg
         self.model = nn.Module()
         self.model.embed_tokens = VocabParallelEmbedding(rank, c.vocab, c.hidden)
@@ -280,7 +283,10 @@ class TinyModel(nn.Module):
             layer.input_layernorm = Replicated([c.hidden])
             layer.post_attention_layernorm = Replicated([c.hidden])
             layer.self_attn = nn.Module()
-            layer.self_attn.qkv_proj = QKVParallel(rank, c.hidden, c.head_dim, c.heads, c.kv_heads)
+            layer.self_attn.qkv_proj = QKVParallel(rank, c.hidden, c.head_dim, c.heads, c.kv_heads, bias=qkv_bias)
+            if qk_norm:
+                layer.self_attn.q_norm = Replicated([c.head_dim])
+                layer.self_attn.k_norm = Replicated([c.head_dim])
             layer.self_attn.o_proj = RowParallel(rank, c.hidden, c.heads * c.head_dim)
             if moe:
                 layer.block_sparse_moe = nn.Module()
@@ -374,7 +380,7 @@ class TinyModel(nn.Module):
 
 def checkpoint_shapes(arch="everything", tie=False, cfg=Config):
     """The Hugging Face tensors of TinyModel's checkpoint: {name: (shape, dtype)}."""
-    moe, dense_mlp, extras, fp8_moe = ARCHS[arch]
+    moe, dense_mlp, extras, fp8_moe, qkv_bias, qk_norm = ARCHS[arch]
     c = cfg
     b0, b1 = c.block
     out = {"model.embed_tokens.weight": ([c.vocab, c.hidden], torch.bfloat16),
@@ -389,6 +395,13 @@ def checkpoint_shapes(arch="everything", tie=False, cfg=Config):
         out[p + "self_attn.k_proj.weight"] = ([c.kv_heads * c.head_dim, c.hidden], torch.bfloat16)
         out[p + "self_attn.v_proj.weight"] = ([c.kv_heads * c.head_dim, c.hidden], torch.bfloat16)
         out[p + "self_attn.o_proj.weight"] = ([c.hidden, c.heads * c.head_dim], torch.bfloat16)
+        if qkv_bias:
+            out[p + "self_attn.q_proj.bias"] = ([c.heads * c.head_dim], torch.bfloat16)
+            out[p + "self_attn.k_proj.bias"] = ([c.kv_heads * c.head_dim], torch.bfloat16)
+            out[p + "self_attn.v_proj.bias"] = ([c.kv_heads * c.head_dim], torch.bfloat16)
+        if qk_norm:
+            out[p + "self_attn.q_norm.weight"] = ([c.head_dim], torch.bfloat16)
+            out[p + "self_attn.k_norm.weight"] = ([c.head_dim], torch.bfloat16)
         fp8 = fp8_moe and i == 0
         if moe:
             out[p + "block_sparse_moe.gate.weight"] = ([c.experts, c.hidden], torch.bfloat16)
