@@ -554,10 +554,12 @@ def _storage_key(t):
 
 
 class _Destination:
-    __slots__ = ("name", "tensor", "start", "strides", "kind")
+    """A parameter or buffer a capture may write: its name, its tensor and its place in its storage."""
 
-    def __init__(self, name, tensor, kind):
-        self.name, self.tensor, self.kind = name, tensor, kind
+    __slots__ = ("name", "tensor", "start", "strides")
+
+    def __init__(self, name, tensor):
+        self.name, self.tensor = name, tensor
         self.start, self.strides = tensor.storage_offset(), list(tensor.stride())
 
 
@@ -572,10 +574,9 @@ class Capture:
         self.blocks = {}      # destination name -> [block]
         self.destinations = {}  # destination name -> _Destination
         self._by_storage = {}
-        for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
-            for name, t in named:
-                if t.is_contiguous():  # a box of anything else has no simple place in its storage
-                    self._by_storage.setdefault(_storage_key(t), []).append(_Destination(name, t.data, kind))
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if t.is_contiguous():  # a box of anything else has no simple place in its storage
+                self._by_storage.setdefault(_storage_key(t), []).append(_Destination(name, t.data))
         self._current = {}   # source -> blocks recorded for it while its loader runs: [(dest name, block)]
 
     def table(self):
@@ -594,7 +595,7 @@ class Capture:
 
     def _find(self, view):
         """The destination view is a box of: (destination, offsets, dims) where view dimension k is
-        destination dimension dims[k]; raises Unsupported when there is none."""
+        destination dimension dims[k] (None for a dimension of length 1); None when there is none."""
         for d in self._by_storage.get(_storage_key(view), ()):
             shape = list(d.tensor.shape)
             rel = view.storage_offset() - d.start
@@ -695,6 +696,8 @@ def capture(model, tensors, load_weights=None):
                 load_weights(recordings(at))
             at = len(names)
         except Unsupported as e:
+            if not yielded:
+                raise
             involved = set(e.sources) or {yielded[-1]}
             log.debug("shardsrv capture: %s: falling back", e)
             fallbacks |= involved
@@ -718,7 +721,8 @@ def capture(model, tensors, load_weights=None):
     if overlapping:  # rare: redo those destinations in order, the later source falling back
         for source in sources:
             mine = [(d, b) for d, b in cap._current[source] if d in overlapping]
-            if any(_overlaps(b, o) for d, b in mine for o in overlapping[d]):
+            if any(_overlaps(b, o) for d, b in mine for o in overlapping[d]) or \
+                    any(_any_overlap([b for d2, b in mine if d2 == d]) for d in {d for d, _ in mine}):
                 fallbacks.add(source)
             else:
                 for d, b in mine:

@@ -84,12 +84,12 @@ class _Item:
         self.tensor, self.buffer = tensor, buffer
 
 
-def _items(cap, fallbacks, staging_elems):
+def _items(cap, fallbacks, staging_bytes):
     for entry in cap.table():
         t = cap.destinations[entry["name"]].tensor
         es = t.element_size()
         for block in entry["blocks"]:
-            for o, n in _fit(list(t.shape), block["offsets"], block["lengths"], staging_elems // es):
+            for o, n in _fit(list(t.shape), block["offsets"], block["lengths"], staging_bytes // es):
                 yield _Item(entry, block, o, n, math.prod(n) * es, tensor=t)
     for f in fallbacks:
         n = len(f["shape"])
@@ -188,8 +188,7 @@ def load_model_weights(model, client, checkpoint, *, load_weights=None, tensors=
         t = by_name[name]
         nbytes = math.prod(t["shape"]) * torch.empty((), dtype=torch_dtype(t["dtype"])).element_size()
         fallbacks.append(dict(t, nbytes=nbytes))
-    params = [t for t in cap.destinations.values()]
-    on_gpu = any(d.tensor.device.type == "cuda" for d in params)
+    on_gpu = any(d.tensor.device.type == "cuda" for d in cap.destinations.values())
     staging = torch.empty(staging_bytes, dtype=torch.uint8, pin_memory=on_gpu and torch.cuda.is_available())
     items = list(_items(cap, fallbacks, staging_bytes))
     needed = sum(it.nbytes for it in items if it.buffer is None)

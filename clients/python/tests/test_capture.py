@@ -197,6 +197,41 @@ class RandomChains(unittest.TestCase):
             self.assertIn("w", ctx.exception.sources)
 
 
+@unittest.skipIf(torch is None, "the capture needs torch")
+class Captures(unittest.TestCase):
+    def model(self, load):
+        m = torch.nn.Module()
+        m.w = torch.nn.Parameter(torch.zeros(4, 6), requires_grad=False)
+        m.load_weights = lambda weights: [load(m, name, t) for name, t in weights]
+        return m
+
+    def test_a_write_over_an_earlier_one_makes_the_later_source_a_fallback(self):
+        def load(m, name, t):
+            if name == "a":
+                m.w.data.copy_(t)
+            else:  # b overwrites a's middle columns
+                m.w.data[:, 2:4].copy_(t)
+        listing = [{"name": "a", "dtype": "F32", "shape": [4, 6]}, {"name": "b", "dtype": "F32", "shape": [4, 2]}]
+        c = cap.capture(self.model(load), listing)
+        self.assertEqual(c.fallbacks, ["b"])
+        self.assertEqual([b["source"] for b in c.table()[0]["blocks"]], ["a"])
+
+    def test_views_that_are_not_boxes_fall_back(self):
+        def load(m, name, t):
+            if name == "flat":
+                m.w.data.view(-1)[3:9].copy_(t)  # a run across rows
+            elif name == "strided":
+                m.w.data[:, ::2].copy_(t)
+            else:
+                m.w.data[1].copy_(t)  # a row: a box
+        listing = [{"name": "flat", "dtype": "F32", "shape": [6]}, {"name": "strided", "dtype": "F32", "shape": [4, 3]},
+                   {"name": "row", "dtype": "BF16", "shape": [6]}]
+        c = cap.capture(self.model(load), listing)
+        self.assertEqual(c.fallbacks, ["flat", "strided"])
+        self.assertEqual(c.table()[0]["blocks"], [{"offsets": [1, 0], "lengths": [1, 6], "source": "row", "base": [0],
+                                                   "coeff": [[0, 1]]}])
+
+
 def math_prod(shape):
     n = 1
     for s in shape:
