@@ -78,6 +78,9 @@ def hf_config(arch, tie):
            "tie_word_embeddings": tie, "rms_norm_eps": 1e-5}
     if arch == "MixtralForCausalLM":
         cfg.update(num_local_experts=c.experts, num_experts_per_tok=2)
+    if arch == "Qwen3MoeForCausalLM":
+        cfg.update(num_experts=c.experts, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                   moe_intermediate_size=c.inter)
     return cfg
 
 
@@ -92,7 +95,8 @@ class LiveCheckpoints(unittest.TestCase):
     CHECKPOINTS = {"everything": ("everything", False, None), "everything-tied": ("everything", True, None),
                    "llama-x": ("llama", False, "LlamaForCausalLM"), "llama-x-tied": ("llama", True, "LlamaForCausalLM"),
                    "qwen2-x": ("qwen2", False, "Qwen2ForCausalLM"), "qwen3-x": ("qwen3", True, "Qwen3ForCausalLM"),
-                   "mixtral-x": ("mixtral", False, "MixtralForCausalLM")}
+                   "mixtral-x": ("mixtral", False, "MixtralForCausalLM"),
+                   "qwen3-moe-x": ("qwen3_moe", False, "Qwen3MoeForCausalLM")}
 
     @classmethod
     def setUpClass(cls):
@@ -191,9 +195,9 @@ class Equivalence(LiveCheckpoints):
         whose loaders follow vLLM's, for the architectures both cover. With tied embeddings the
         server names the one parameter lm_head.weight (the state dict's smaller key); the model's
         named_parameters calls it model.embed_tokens.weight."""
-        for checkpoint in ("llama-x", "llama-x-tied", "qwen2-x", "qwen3-x", "mixtral-x"):
+        for checkpoint in ("llama-x", "llama-x-tied", "qwen2-x", "qwen3-x", "mixtral-x", "qwen3-moe-x"):
             for tp, r, ep in self.ranks():
-                if ep and not checkpoint.startswith("mixtral"):
+                if ep and checkpoint not in ("mixtral-x", "qwen3-moe-x"):  # expert parallelism needs experts
                     continue
                 with self.subTest(checkpoint=checkpoint, tp=tp, rank=r, ep=ep):
                     arch, tie, _ = self.CHECKPOINTS[checkpoint]

@@ -259,7 +259,10 @@ class Config:
 # q/k/v biases (Qwen2), per-head q_norm and k_norm (Qwen3))
 ARCHS = {"everything": (True, True, True, True, True, False), "llama": (False, "all", False, False, False, False),
          "qwen2": (False, "all", False, False, True, False), "qwen3": (False, "all", False, False, False, True),
-         "mixtral": (True, False, False, False, False, False)}
+         "mixtral": (True, False, False, False, False, False), "qwen3_moe": (True, False, False, False, False, True)}
+# Where an architecture's MoE lives and its checkpoint's names for an expert's gate, down and up.
+MOE_NAMES = {"qwen3_moe": ("mlp", "gate_proj", "down_proj", "up_proj")}
+MIXTRAL_MOE_NAMES = ("block_sparse_moe", "w1", "w2", "w3")
 
 
 class TinyModel(nn.Module):
@@ -267,13 +270,14 @@ class TinyModel(nn.Module):
     o_proj, block_sparse_moe.gate and experts, model.norm, lm_head), and on top the loaders the
     equivalence tests need besides ("everything"): layer 0's dense MLP and experts in block FP8,
     MLA's fused q_a + kv_a, a transposing loader, two casting loaders, one that computes on
-    values and one that writes column ranges. "llama", "qwen2", "qwen3" and "mixtral" are those
-    architectures' vLLM models alone."""
+    values and one that writes column ranges. "llama", "qwen2", "qwen3", "mixtral" and "qwen3_moe"
+    (every layer sparse) are those architectures' vLLM models alone."""
 
     def __init__(self, rank, arch="everything", tie=False, cfg=Config):
         super().__init__()
         self.cfg, self.rank, self.tie = cfg, rank, tie
         moe, dense_mlp, extras, fp8, qkv_bias, qk_norm = ARCHS[arch]
+        self.moe_names = MOE_NAMES.get(arch, MIXTRAL_MOE_NAMES)
         c = cfg
         self.model = nn.Module()
         self.model.embed_tokens = VocabParallelEmbedding(rank, c.vocab, c.hidden)
@@ -289,10 +293,11 @@ class TinyModel(nn.Module):
                 layer.self_attn.k_norm = Replicated([c.head_dim])
             layer.self_attn.o_proj = RowParallel(rank, c.hidden, c.heads * c.head_dim)
             if moe:
-                layer.block_sparse_moe = nn.Module()
-                layer.block_sparse_moe.gate = Replicated([c.experts, c.hidden])
+                sparse = nn.Module()
+                setattr(layer, self.moe_names[0], sparse)
+                sparse.gate = Replicated([c.experts, c.hidden])
                 block = c.block if (fp8 and i == 0) else None
-                layer.block_sparse_moe.experts = FusedMoE(rank, c.experts, c.hidden, c.inter, block=block)
+                sparse.experts = FusedMoE(rank, c.experts, c.hidden, c.inter, block=block)
             if dense_mlp == "all" or dense_mlp and i == 0:
                 block = c.block if fp8 else None
                 layer.mlp = nn.Module()
@@ -348,7 +353,7 @@ class TinyModel(nn.Module):
                    ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
                    ("fused_qkv_a_proj", "q_a_proj", 0), ("fused_qkv_a_proj", "kv_a_proj_with_mqa", 1),
                    ("cols.weight", "cols.gate", 0), ("cols.weight", "cols.up", 1)]
-        expert_mapping = FusedMoE.make_expert_params_mapping("", "w1", "w2", "w3", self.cfg.experts)
+        expert_mapping = FusedMoE.make_expert_params_mapping("", *self.moe_names[1:], self.cfg.experts)
         params = dict(self.named_parameters())
         renames = {"transposed.weight_t": "transposed.weight", "ssm.A_log": "ssm.A"}
         loaded = set()
@@ -381,6 +386,7 @@ class TinyModel(nn.Module):
 def checkpoint_shapes(arch="everything", tie=False, cfg=Config):
     """The Hugging Face tensors of TinyModel's checkpoint: {name: (shape, dtype)}."""
     moe, dense_mlp, extras, fp8_moe, qkv_bias, qk_norm = ARCHS[arch]
+    where, gate, down, up = MOE_NAMES.get(arch, MIXTRAL_MOE_NAMES)
     c = cfg
     b0, b1 = c.block
     out = {"model.embed_tokens.weight": ([c.vocab, c.hidden], torch.bfloat16),
@@ -404,10 +410,10 @@ def checkpoint_shapes(arch="everything", tie=False, cfg=Config):
             out[p + "self_attn.k_norm.weight"] = ([c.head_dim], torch.bfloat16)
         fp8 = fp8_moe and i == 0
         if moe:
-            out[p + "block_sparse_moe.gate.weight"] = ([c.experts, c.hidden], torch.bfloat16)
+            out[f"{p}{where}.gate.weight"] = ([c.experts, c.hidden], torch.bfloat16)
         for e in range(c.experts if moe else 0):
-            ex = f"{p}block_sparse_moe.experts.{e}."
-            for w, shape in (("w1", [c.inter, c.hidden]), ("w3", [c.inter, c.hidden]), ("w2", [c.hidden, c.inter])):
+            ex = f"{p}{where}.experts.{e}."
+            for w, shape in ((gate, [c.inter, c.hidden]), (up, [c.inter, c.hidden]), (down, [c.hidden, c.inter])):
                 out[ex + w + ".weight"] = (shape, FP8 if fp8 else torch.bfloat16)
                 if fp8:
                     out[ex + w + ".weight_scale_inv"] = ([math.ceil(shape[0] / b0), math.ceil(shape[1] / b1)],
