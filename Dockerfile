@@ -13,4 +13,7 @@ COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certifica
 COPY --from=build /out/shardsrv /shardsrv
 USER 65532:65532
 EXPOSE 8080
-ENTRYPOINT ["/shardsrv", "serve"]
+# The binary is the entrypoint, so one image serves (the chart passes serve) and fetches (an init
+# container passes fetch ...); with no arguments it serves.
+ENTRYPOINT ["/shardsrv"]
+CMD ["serve"]

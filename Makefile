@@ -8,7 +8,10 @@ HELM_VERSION := v3.22.0
 FAKE_GCS_SERVER_VERSION := v1.56.1
 # 3.36 and later need Node 21 or newer; 3.35 runs on the machine's Node 20.
 AZURITE_VERSION := 3.35.0
-IMAGE ?= shardsrv:dev
+# The version, and the image's tag: the chart's appVersion, so the chart, its README and the image
+# agree on one tag.
+VERSION := $(shell sed -n 's/^appVersion: "\(.*\)"$$/\1/p' helm/shardsrv/Chart.yaml)
+IMAGE ?= shardsrv:$(VERSION)
 export PATH := $(TOOLS):$(PATH)
 BIN := bin/shardsrv
 ADDR ?= localhost:8080
@@ -21,7 +24,7 @@ PYTHON ?= /usr/bin/python3
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/shardsrv
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/shardsrv
 
 ## run: generate the example checkpoint into .run/ and serve it on $(ADDR)
 run: build
@@ -96,7 +99,7 @@ bench: tools
 
 ## image: build the container image (needs a Docker engine)
 image:
-	docker build --build-arg VERSION=$$(git describe --always --dirty) -t $(IMAGE) .
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 clean:
 	rm -rf bin .run .tools

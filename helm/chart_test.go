@@ -290,3 +290,22 @@ func TestCluster(t *testing.T) {
 		t.Error("an existing peer Secret and the tunables")
 	}
 }
+
+// shardsrv refuses to start replicas that share a cache without one: the chart refuses to render them.
+func TestRefusesClusterWithoutCache(t *testing.T) {
+	bin := helmBinary(t)
+	for _, c := range []struct{ args, want string }{
+		{"cluster.enabled=true,store.url=file:///data", "a file:// store needs cache.bytes"},
+		{"cluster.enabled=true,cache.bytes=0", "cache.bytes must not be 0"},
+	} {
+		out, err := exec.Command(bin, "template", "rel", chart, "--set", c.args).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s: must be refused with %q: %s", c.args, c.want, out)
+		}
+	}
+	r := render(t, "--set", "cluster.enabled=true,store.url=file:///data,cache.bytes=64Mi")
+	if c := r.deployment.Spec.Template.Spec.Containers[0]; env(c, "SHARDSRV_CACHE_BYTES").Value != "64Mi" ||
+		c.Args[0] != "serve" {
+		t.Errorf("a file:// store with a cache shares it; the container runs serve: %v %+v", c.Args, c.Env)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/oms"
 )
 
 // clientFlags are what every client subcommand takes.
@@ -286,6 +287,7 @@ func rewind(f *os.File) func() error {
 const fetchUsage = `Usage:
   shardsrv fetch --request FILE -o OUT|-
   shardsrv fetch --checkpoint NAME --layout vllm --tp N --rank R|all [--dp N --dp-rank R --ep] [--dtype DTYPE] --out DIR
+  shardsrv fetch --checkpoint NAME --small-files --out DIR
 
 The first form POSTs a shard request (JSON, such as 'shardsrv layout' prints) to /v1/shards and
 writes the body (raw bytes, or a safetensors file when the request says "format": "safetensors")
@@ -299,6 +301,9 @@ small file of the checkpoint (config.json, generation_config.json, tokenizer fil
 appears whole or not at all. With --ep and --dp above 1 the DP ranks hold different experts under
 the same file names: give each DP rank its own DIR.
 
+The third writes the small files only, no weights: the model directory of a vLLM that loads its
+weights through the shardsrv plugin (--load-format shardsrv).
+
 Overload, storage trouble and broken connections are retried with jittered backoff, each retry
 logged on stderr; a request the server refuses (4xx) is not. A progress bar shows on a terminal.
 
@@ -308,6 +313,7 @@ Examples:
   shardsrv fetch --server http://localhost:8080 --checkpoint llama-tiny --layout vllm --tp 2 --rank all \
     --out /models/llama-tiny-tp2
   vllm serve /models/llama-tiny-tp2 --load-format sharded_state --tensor-parallel-size 2
+  shardsrv fetch --checkpoint llama-tiny --small-files --out /models/llama-tiny
 `
 
 // fetch: shardsrv fetch --request FILE -o OUT, or --checkpoint NAME --layout ENGINE ... --out DIR.
@@ -323,6 +329,9 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 		"",
 		"with --layout: `DIR` to write the rank files and the checkpoint's small files into (created if missing)",
 	)
+	smallOnly := fs.Bool("small-files", false, "with --checkpoint and --out, no --layout: write the checkpoint's "+
+		"small files only (config.json, tokenizer and generation config), the model directory a vLLM with the "+
+		"shardsrv plugin loads")
 	var lf layoutFlags
 	lf.register(fs, "layout", "", "with --layout: the TP `RANK` to fetch, or all")
 	if err := parse(fs, args); err != nil {
@@ -330,14 +339,62 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx := context.Background()
 	switch {
-	case *reqPath != "" && *out != "" && lf.engine == "" && *dir == "":
+	case *reqPath != "" && *out != "" && lf.engine == "" && *dir == "" && !*smallOnly:
 		return fetchRequest(ctx, cf.client(), *reqPath, *out, stdout, stderr)
-	case lf.engine != "" && *ckpt != "" && *dir != "" && *reqPath == "" && *out == "":
+	case lf.engine != "" && *ckpt != "" && *dir != "" && *reqPath == "" && *out == "" && !*smallOnly:
 		return fetchLayout(ctx, cf.client(), *ckpt, &lf, *dir, stderr)
+	case *smallOnly && *ckpt != "" && *dir != "" && lf.engine == "" && *reqPath == "" && *out == "":
+		return fetchSmallFiles(ctx, cf.client(), *ckpt, *dir, stderr)
 	}
-	return errors.New(
-		"fetch: give --request FILE -o OUT, or --checkpoint NAME --layout vllm --out DIR (see 'shardsrv fetch -h')",
-	)
+	return errors.New("fetch: give --request FILE -o OUT, --checkpoint NAME --layout vllm --out DIR, or " +
+		"--checkpoint NAME --small-files --out DIR (see 'shardsrv fetch -h')")
+}
+
+// openDir opens dir, created if missing, as the root every file of a fetch is written under.
+func openDir(dir string) (*os.Root, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return os.OpenRoot(dir)
+}
+
+// writeSmallFiles writes the checkpoint's small files an engine loads beside the weights: all the
+// files route lists but the signature, which covers the checkpoint's own weight files, not these.
+func writeSmallFiles(ctx context.Context, c *api.Client, root *os.Root, ckpt string) (int, error) {
+	files, err := c.Files(ctx, ckpt)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, fi := range files.Files {
+		if fi.Name == oms.SignatureFile {
+			continue
+		}
+		err := writeAtomic(root, fi.Name, func(f *os.File) error {
+			_, err := c.File(ctx, ckpt, fi.Name, f)
+			return err
+		})
+		if err != nil {
+			return n, fmt.Errorf("%s: %w", fi.Name, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// fetchSmallFiles writes a model directory without weights, for an engine that streams them.
+func fetchSmallFiles(ctx context.Context, c *api.Client, ckpt, dir string, stderr io.Writer) error {
+	root, err := openDir(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	n, err := writeSmallFiles(ctx, c, root, ckpt)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %d checkpoint files into %s\n", n, dir)
+	return nil
 }
 
 func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdout, stderr io.Writer) error {
@@ -397,27 +454,15 @@ func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlag
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	root, err := os.OpenRoot(dir)
+	root, err := openDir(dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
 	// The small files first: they fail fast when the checkpoint is wrong.
-	files, err := c.Files(ctx, ckpt)
+	nFiles, err := writeSmallFiles(ctx, c, root, ckpt)
 	if err != nil {
 		return err
-	}
-	for _, fi := range files.Files {
-		err := writeAtomic(root, fi.Name, func(f *os.File) error {
-			_, err := c.File(ctx, ckpt, fi.Name, f)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("%s: %w", fi.Name, err)
-		}
 	}
 	st := api.Safetensors
 	for _, r := range ranks {
@@ -438,7 +483,7 @@ func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlag
 		}
 		fetched(stderr, filepath.Join(dir, name), got, time.Since(start))
 	}
-	fmt.Fprintf(stderr, "wrote %d rank files and %d checkpoint files into %s\n", len(ranks), len(files.Files), dir)
+	fmt.Fprintf(stderr, "wrote %d rank files and %d checkpoint files into %s\n", len(ranks), nFiles, dir)
 	return nil
 }
 

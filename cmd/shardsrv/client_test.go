@@ -369,3 +369,29 @@ func TestErrorsArePrefixedOnce(t *testing.T) {
 		t.Errorf("%q", got)
 	}
 }
+
+func TestFetchSmallFilesWritesNoWeights(t *testing.T) {
+	url, folder := live(t)
+	// A signature covers the checkpoint's weight files, none of which the directory holds.
+	if err := os.WriteFile(filepath.Join(folder, "model.sig"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "model")
+	var errs bytes.Buffer
+	if err := fetch([]string{"--server", url, "--checkpoint", example.Name, "--small-files", "--out", dir},
+		&bytes.Buffer{}, &errs); err != nil {
+		t.Fatalf("%v %s", err, errs.String())
+	}
+	entries, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{"config.json", "generation_config.json"}; !slices.Equal(names, want) {
+		t.Errorf("--small-files wrote %v, want %v", names, want)
+	}
+	if err := fetch([]string{"--server", url, "--checkpoint", example.Name, "--small-files", "--layout", "vllm",
+		"--out", dir}, &bytes.Buffer{}, &errs); err == nil {
+		t.Error("--small-files with --layout was accepted")
+	}
+}
