@@ -242,7 +242,8 @@ type DeferredParams struct {
 // EngineLayout A rank of an inference engine. The server reads the checkpoint's config.json and serves
 // exactly the parameters the engine holds on that rank, named as the engine names them, each
 // one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
-// saves for the rank (vLLM v0.10.2 layouts; docs/engines.md lists the architectures).
+// saves for the rank, under the rules of the release line engine_version names
+// (docs/engines.md lists the releases and the architectures of each).
 type EngineLayout struct {
 	DataParallelSize *int64 `json:"data_parallel_size,omitempty"`
 	DpRank           *int64 `json:"dp_rank,omitempty"`
@@ -253,8 +254,13 @@ type EngineLayout struct {
 	// EnableExpertParallel Spread experts over TP x DP ranks instead of splitting every expert by TP.
 	EnableExpertParallel *bool              `json:"enable_expert_parallel,omitempty"`
 	Engine               EngineLayoutEngine `json:"engine"`
-	TensorParallelSize   *int64             `json:"tensor_parallel_size,omitempty"`
-	TpRank               *int64             `json:"tp_rank,omitempty"`
+
+	// EngineVersion The engine's release line whose rules the table follows ("0.29", "0.10" for vLLM);
+	// default the newest line the server lays out. A version the server does not know is a
+	// 422 listing the known ones. Megatron layouts are not versioned.
+	EngineVersion      *string `json:"engine_version,omitempty"`
+	TensorParallelSize *int64  `json:"tensor_parallel_size,omitempty"`
+	TpRank             *int64  `json:"tp_rank,omitempty"`
 }
 
 // EngineLayoutEngine defines model for EngineLayout.Engine.
@@ -297,14 +303,18 @@ type LayoutRequest struct {
 	// Layout A rank of an inference engine. The server reads the checkpoint's config.json and serves
 	// exactly the parameters the engine holds on that rank, named as the engine names them, each
 	// one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
-	// saves for the rank (vLLM v0.10.2 layouts; docs/engines.md lists the architectures).
+	// saves for the rank, under the rules of the release line engine_version names
+	// (docs/engines.md lists the releases and the architectures of each).
 	Layout EngineLayout `json:"layout"`
 }
 
 // LayoutResponse The explicit table a layout expands to; POST it to /v1/shards as it is or edited.
 type LayoutResponse struct {
-	Checkpoint string          `json:"checkpoint"`
-	Tensors    []TensorRequest `json:"tensors"`
+	Checkpoint string `json:"checkpoint"`
+
+	// EngineVersion The release line whose rules the table follows (absent for unversioned engines).
+	EngineVersion *string         `json:"engine_version,omitempty"`
+	Tensors       []TensorRequest `json:"tensors"`
 }
 
 // Lengths defines model for Lengths.
@@ -415,7 +425,8 @@ type ShardRequest struct {
 	// Layout A rank of an inference engine. The server reads the checkpoint's config.json and serves
 	// exactly the parameters the engine holds on that rank, named as the engine names them, each
 	// one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
-	// saves for the rank (vLLM v0.10.2 layouts; docs/engines.md lists the architectures).
+	// saves for the rank, under the rules of the release line engine_version names
+	// (docs/engines.md lists the releases and the architectures of each).
 	Layout  *EngineLayout   `json:"layout,omitempty"`
 	Tensors []TensorRequest `json:"tensors,omitempty"`
 }

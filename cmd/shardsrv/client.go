@@ -59,12 +59,12 @@ func envOr(name, def string) string {
 
 // layoutFlags are an engine's rank, as the server lays it out (api.EngineLayout).
 type layoutFlags struct {
-	engine string
-	tp, dp int64
-	rank   string // a TP rank, or "all" where a command takes every rank
-	dpRank int64
-	ep     bool
-	dtype  string
+	engine, version string
+	tp, dp          int64
+	rank            string // a TP rank, or "all" where a command takes every rank
+	dpRank          int64
+	ep              bool
+	dtype           string
 }
 
 // engines are the engines the server lays out (docs/engines.md); the server has the last word.
@@ -77,6 +77,8 @@ func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rank
 		engineDefault,
 		"inference `ENGINE` whose per-rank parameters to serve: "+engines,
 	)
+	fs.StringVar(&l.version, "engine-version", "", "the engine's release `LINE` whose rules to follow "+
+		"(vLLM: 0.29 or 0.10; default the newest the server lays out)")
 	fs.Int64Var(&l.tp, "tp", 1, "tensor-parallel size (vLLM's tensor_parallel_size)")
 	fs.StringVar(&l.rank, "rank", "0", rankHelp)
 	fs.Int64Var(&l.dp, "dp", 1, "data-parallel size (data_parallel_size); with --ep, experts spread over TP x DP ranks")
@@ -119,6 +121,9 @@ func (l *layoutFlags) ranks(all bool) ([]int64, error) {
 func (l *layoutFlags) layout(tpRank int64) api.EngineLayout {
 	el := api.EngineLayout{Engine: api.EngineLayoutEngine(l.engine), TensorParallelSize: &l.tp, TpRank: &tpRank,
 		DataParallelSize: &l.dp, DpRank: &l.dpRank, EnableExpertParallel: &l.ep}
+	if l.version != "" {
+		el.EngineVersion = &l.version
+	}
 	if l.dtype != "" {
 		dt := api.DType(strings.ToUpper(l.dtype)) // the contract spells dtypes in capitals; people type bf16
 		el.Dtype = &dt

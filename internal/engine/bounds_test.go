@@ -131,7 +131,7 @@ func TestLayoutBoundsProperty(t *testing.T) {
 		}
 		what := fmt.Sprintf("case %d: %+v experts %d override %v", i, p, experts, override)
 
-		out, err := Build(Spec{Engine: "vllm", Parallel: p}, cfg, infos)
+		table, err := Build(Spec{Engine: "vllm", Version: "0.10", Parallel: p}, cfg, infos)
 		wantPtr := wantRequestError(p)
 		var lerr *Error
 		if err != nil && !errors.As(err, &lerr) {
@@ -156,8 +156,8 @@ func TestLayoutBoundsProperty(t *testing.T) {
 			continue // a split the checkpoint does not take: the engine's ordinary refusals
 		}
 		built++
-		checkPlacement(t, what, out, infos)
-		checkExperts(t, what, p, experts, out)
+		checkPlacement(t, what, table.Tensors, infos)
+		checkExperts(t, what, p, experts, table.Tensors)
 	}
 	if built < 500 {
 		t.Fatalf("only %d of the drawn layouts built; the property barely ran", built)

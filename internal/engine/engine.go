@@ -5,8 +5,8 @@
 // Each destination tensor is one parameter of the rank, named as the engine names it, with the
 // rank's own parameter shape as its shape and one box covering it: what vLLM's ShardedStateLoader
 // saves for the rank, byte for byte. The rules come from the engine's source; each architecture
-// file cites the rule beside the code. The layouts are vLLM v0.10.2's (docs/engines.md says what
-// that covers and what it does not).
+// file cites the rule beside the code. What differs between the engine's release lines is data
+// beside the rules (versions.go); docs/engines.md says what each line covers and what it does not.
 //
 // Adding an architecture is one file: a function over a *model and a register call.
 package engine
@@ -32,6 +32,8 @@ type Parallel struct {
 // Spec is a layout request.
 type Spec struct {
 	Engine string
+	// Version is the engine's release line; empty means the newest the server lays out.
+	Version string
 	Parallel
 	// DType is the dtype the engine runs in; empty means the checkpoint's torch_dtype.
 	DType api.DType
@@ -89,8 +91,15 @@ func Engines() map[string][]string {
 	return out
 }
 
-// Build returns the tensors the rank holds, in the engine's parameter order.
-func Build(spec Spec, config []byte, tensors map[string]TensorInfo) ([]api.TensorRequest, error) {
+// Table is a built layout: the tensors the rank holds, in the engine's parameter order, and the
+// release line whose rules they follow (empty for an unversioned engine).
+type Table struct {
+	Version string
+	Tensors []api.TensorRequest
+}
+
+// Build lays out the rank.
+func Build(spec Spec, config []byte, tensors map[string]TensorInfo) (*Table, error) {
 	archs, ok := engines[spec.Engine]
 	if !ok {
 		return nil, &Error{
@@ -114,7 +123,11 @@ func Build(spec Spec, config []byte, tensors map[string]TensorInfo) ([]api.Tenso
 				arch, spec.Engine, strings.Join(Engines()[spec.Engine], ", ")),
 		}
 	}
-	m := &model{cfg: cfg, tensors: tensors, par: spec.Parallel}
+	rel, err := lookupRelease(spec.Engine, spec.Version, arch)
+	if err != nil {
+		return nil, err
+	}
+	m := &model{cfg: cfg, tensors: tensors, par: spec.Parallel, rel: rel}
 	if m.dtype, err = cfg.dtype(spec.DType); err != nil {
 		return nil, err
 	}
@@ -124,7 +137,7 @@ func Build(spec Spec, config []byte, tensors map[string]TensorInfo) ([]api.Tenso
 	if err := build(m); err != nil {
 		return nil, err
 	}
-	return m.out, nil
+	return &Table{Version: rel.version, Tensors: m.out}, nil
 }
 
 func names[V any](m map[string]V) string {

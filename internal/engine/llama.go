@@ -69,6 +69,9 @@ func (m *model) decoder(mlp func(i int64, pre string) error) error {
 			if err := m.rowLinear(at+"o_proj", at+"o_proj"); err != nil {
 				return err
 			}
+			if err := m.attentionScales(at+"attn.", at); err != nil {
+				return err
+			}
 			for _, norm := range []string{"q_norm.weight", "k_norm.weight"} { // Qwen3Attention
 				if m.has(at + norm) {
 					if err := m.norm(at + norm); err != nil {

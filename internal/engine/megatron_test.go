@@ -72,12 +72,12 @@ func TestMegatronLlama(t *testing.T) {
 		infos[n] = TensorInfo{DType: "BF16", Shape: s}
 	}
 	for rank := range int64(2) {
-		tensors, err := Build(Spec{Engine: "megatron", Parallel: Parallel{TP: 2, TPRank: rank, DP: 1}}, cfg, infos)
+		table, err := Build(Spec{Engine: "megatron", Parallel: Parallel{TP: 2, TPRank: rank, DP: 1}}, cfg, infos)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := map[string][]string{}
-		for _, tr := range tensors {
+		for _, tr := range table.Tensors {
 			got[tr.Name] = evaluate(t, tr, shapes)
 		}
 		// Megatron pads 300 rows to a multiple of 128*2 = 512: 256 rows a rank.

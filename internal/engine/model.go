@@ -12,6 +12,7 @@ type model struct {
 	cfg     config
 	tensors map[string]TensorInfo
 	par     Parallel
+	rel     *release
 	dtype   api.DType
 	// blockN and blockK are the FP8 scale block (quantization_config.weight_block_size); zero
 	// when the checkpoint is not block-quantized.
@@ -67,6 +68,9 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 type param struct{ t *api.TensorRequest }
 
 func (m *model) param(name string, dtype api.DType, shape ...int64) param {
+	if shape == nil {
+		shape = []int64{} // a scalar: its shape and box are empty lists, not absent
+	}
 	blocks := []api.Block{}
 	m.out = append(m.out, api.TensorRequest{Name: name, Dtype: dtype, Shape: shape, Blocks: &blocks,
 		Boxes: []api.Box{{Offsets: make([]int64, len(shape)), Lengths: shape}}})
@@ -115,14 +119,54 @@ func (m *model) norm(names ...string) error {
 
 // vocabParallel lays out VocabParallelEmbedding / ParallelLMHead (vllm/model_executor/layers/
 // vocab_parallel_embedding.py): the vocabulary is padded to a multiple of 64 (pad_vocab_size,
-// DEFAULT_VOCAB_PADDING_SIZE) and then divided by TP; rank r holds padded rows [r*per, (r+1)*per)
-// and the rows past the real vocabulary are zeros (weight_loader fills them).
+// DEFAULT_VOCAB_PADDING_SIZE), or of lcm(64, TP) on lines that pad so (vocabPaddingLCM), and then
+// divided by TP; rank r holds padded rows [r*per, (r+1)*per) and the rows past the real
+// vocabulary are zeros (weight_loader fills them).
 func (m *model) vocabParallel(name, src string) error {
 	sh, err := m.shape(src, 2)
 	if err != nil {
 		return err
 	}
-	return m.vocabRows(name, src, ceilDiv(sh[0], 64)*64)
+	unit := int64(64)
+	if m.rel.vocabPaddingLCM {
+		unit = lcm(unit, m.par.TP) // TP <= 2^16, so the unit is under 2^22
+	}
+	return m.vocabRows(name, src, ceilDiv(sh[0], unit)*unit)
+}
+
+func lcm(a, b int64) int64 {
+	g, h := a, b
+	for h != 0 {
+		g, h = h, g%h
+	}
+	return a / g * b
+}
+
+// kvScaleBuffers are the persistent buffers an Attention module registers on lines with
+// attentionScales, in registration order.
+var kvScaleBuffers = []string{"_k_scale", "_v_scale", "_q_scale", "_prob_scale"}
+
+// attentionScales lays out the attention module's scale buffers at prefix (the Attention module's
+// own prefix, e.g. model.layers.0.self_attn.attn.): F32 scalars holding 1.0, which vLLM keeps when
+// the checkpoint has no KV-cache scales. A checkpoint that has them (an FP8 KV cache) would load
+// its own values, which this layout does not place: it is refused.
+func (m *model) attentionScales(prefix, module string) error {
+	if !m.rel.attentionScales {
+		return nil
+	}
+	for _, kv := range []string{"k", "v"} {
+		for _, src := range []string{module + kv + "_scale", prefix + kv + "_scale", module + kv + "_proj." + kv + "_scale"} {
+			if m.has(src) {
+				return checkpointError(
+					"the checkpoint carries KV-cache scales (%s); layouts place vLLM's default scales only", src)
+			}
+		}
+	}
+	one := json.Number("1")
+	for _, b := range kvScaleBuffers {
+		m.param(prefix+b, api.F32).t.Fill = &one
+	}
+	return nil
 }
 
 // vocabRows splits a [vocab, hidden] tensor padded to padded rows by rows over TP; rows past the

@@ -26,11 +26,12 @@ func TestVLLMVocabularyRows(t *testing.T) {
 			infos[n] = TensorInfo{DType: "BF16", Shape: s}
 		}
 		last := c.tp - 1
-		tensors, err := Build(Spec{Engine: "vllm", Parallel: Parallel{TP: c.tp, TPRank: last, DP: 1}}, cfg, infos)
+		spec := Spec{Engine: "vllm", Version: "0.10", Parallel: Parallel{TP: c.tp, TPRank: last, DP: 1}}
+		table, err := Build(spec, cfg, infos)
 		if err != nil {
 			t.Fatal(err)
 		}
-		emb := tensors[0]
+		emb := table.Tensors[0]
 		if emb.Name != "model.embed_tokens.weight" || emb.Shape[0] != c.rows {
 			t.Fatalf("vocab %d TP %d: %s %v, want %d rows", c.vocab, c.tp, emb.Name, emb.Shape, c.rows)
 		}

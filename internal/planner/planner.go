@@ -513,8 +513,13 @@ func (p *Plan) layoutSafetensors(req *api.ShardRequest, ckpt string) error {
 		off += it.Bytes
 	}
 	placements, _ := json.Marshal(boxes)
-	p.Header = safetensors.EncodeHeader(entries, map[string]string{
-		"format": "pt", "shardsrv.checkpoint": ckpt, "shardsrv.boxes": string(placements),
-	})
+	meta := map[string]string{"format": "pt", "shardsrv.checkpoint": ckpt, "shardsrv.boxes": string(placements)}
+	if l := req.Layout; l != nil { // which engine and release line the table was laid out for
+		meta["shardsrv.engine"] = string(l.Engine)
+		if l.EngineVersion != nil {
+			meta["shardsrv.engine_version"] = *l.EngineVersion
+		}
+	}
+	p.Header = safetensors.EncodeHeader(entries, meta)
 	return nil
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
-// These tests hold the server's vLLM layouts to vllmref, an independent reference of what vLLM
-// v0.10.2's ShardedStateLoader.save_model writes per rank. The request bodies are raw JSON, so
+// These tests hold the server's vLLM "0.10" layouts to vllmref, an independent reference of what
+// vLLM v0.10.2's ShardedStateLoader.save_model writes per rank. The request bodies are raw JSON, so
 // the test does not depend on the generated request types.
 
 var vrefMoE = map[string]bool{
@@ -49,7 +49,7 @@ func vrefPut(t *testing.T, h *harness, name, variant string) ([]byte, map[string
 
 func vrefLayout(p vllmref.Parallel) map[string]any {
 	return map[string]any{
-		"engine": "vllm", "tensor_parallel_size": p.TP, "tp_rank": p.TPRank,
+		"engine": "vllm", "engine_version": "0.10", "tensor_parallel_size": p.TP, "tp_rank": p.TPRank,
 		"enable_expert_parallel": p.EnableEP, "data_parallel_size": p.DP, "dp_rank": p.DPRank,
 	}
 }

@@ -51,7 +51,7 @@ func (s *Server) expandLayout(ctx context.Context, req *api.ShardRequest, ck *ch
 		infos[name] = engine.TensorInfo{DType: t.DTypeName, Shape: t.Shape}
 	}
 	l := req.Layout
-	spec := engine.Spec{Engine: string(l.Engine), Parallel: engine.Parallel{
+	spec := engine.Spec{Engine: string(l.Engine), Version: orDefault(l.EngineVersion, ""), Parallel: engine.Parallel{
 		TP: orDefault(l.TensorParallelSize, 1), TPRank: orDefault(l.TpRank, 0),
 		DP: orDefault(l.DataParallelSize, 1), DPRank: orDefault(l.DpRank, 0),
 		ExpertParallel: l.EnableExpertParallel != nil && *l.EnableExpertParallel}}
@@ -59,9 +59,18 @@ func (s *Server) expandLayout(ctx context.Context, req *api.ShardRequest, ck *ch
 		spec.DType = *l.Dtype
 	}
 	_, span := s.tracer.Start(ctx, "layout")
-	req.Tensors, err = engine.Build(spec, config, infos)
+	table, err := engine.Build(spec, config, infos)
 	span.End()
-	return err
+	if err != nil {
+		return err
+	}
+	req.Tensors = table.Tensors
+	// The layout names the release line it was built for, so the response can say it.
+	l.EngineVersion = nil
+	if table.Version != "" {
+		l.EngineVersion = &table.Version
+	}
+	return nil
 }
 
 func orDefault[T any](p *T, def T) T {
@@ -87,7 +96,7 @@ func (s *Server) PostLayouts(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, toProblem(err))
 		return
 	}
-	writeJSON(w, api.LayoutResponse{Checkpoint: ck.Name, Tensors: req.Tensors})
+	writeJSON(w, api.LayoutResponse{Checkpoint: ck.Name, EngineVersion: body.Layout.EngineVersion, Tensors: req.Tensors})
 }
 
 // ListFiles lists a checkpoint's small files.

@@ -190,8 +190,13 @@ class LiveServer(unittest.TestCase):
             table = self.client.layout(CKPT, layout)
             self.assertEqual(table[0]["name"], "model.embed_tokens.weight")
             self.assertEqual(self.client.fetch(CKPT, layout=layout), self.client.fetch(CKPT, tensors=table))
-            self.assertEqual(self.client.fetch(CKPT, layout=layout, format="safetensors"),
-                             self.client.fetch({"checkpoint": CKPT, "tensors": table, "format": "safetensors"}))
+            by_layout, meta = shardsrv.parse_safetensors(self.client.fetch(CKPT, layout=layout, format="safetensors"))
+            by_table, _ = shardsrv.parse_safetensors(
+                self.client.fetch({"checkpoint": CKPT, "tensors": table, "format": "safetensors"}))
+            self.assertEqual({n: (d, s, bytes(b)) for n, (d, s, b) in by_layout.items()},
+                             {n: (d, s, bytes(b)) for n, (d, s, b) in by_table.items()})
+            # a layout's body names the release line its table follows; the table's alone cannot
+            self.assertEqual((meta["shardsrv.engine"], meta["shardsrv.engine_version"]), ("vllm", "0.10"))
             plan = self.client.plan(CKPT, layout=layout)
             self.assertEqual(plan["summary"]["output_bytes"], len(self.client.fetch(CKPT, tensors=table)))
 

@@ -207,7 +207,7 @@ class Equivalence(LiveCheckpoints):
                     if tie:
                         got["lm_head.weight"] = got.pop("model.embed_tokens.weight")
                     got = {n: b for n, b in got.items() if b}  # the saved state dict drops empty tensors
-                    layout = {"engine": "vllm", "tensor_parallel_size": tp, "tp_rank": r,
+                    layout = {"engine": "vllm", "engine_version": "0.10", "tensor_parallel_size": tp, "tp_rank": r,
                               "enable_expert_parallel": ep}
                     body = self.client.fetch(checkpoint, layout=layout, format="safetensors")
                     parsed, _ = shardsrv.parse_safetensors(body)
