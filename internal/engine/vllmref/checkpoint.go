@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"slices"
 
 	"github.com/x448/float16"
 )
@@ -42,7 +43,10 @@ const (
 // Checkpoint builds a tiny Hugging Face checkpoint of a variant: its config.json bytes and its
 // tensors by HF name, random values from seed. It panics on an unknown variant.
 func Checkpoint(variant string, seed int64) (config []byte, tensors map[string]Tensor) {
-	g := &gen{rng: rand.New(rand.NewSource(seed)), out: map[string]Tensor{}}
+	if slices.Contains(WideVariants, variant) {
+		return wideCheckpoint(variant, seed)
+	}
+	g := &gen{rng: rand.New(rand.NewSource(seed)), out: map[string]Tensor{}, dims: tinyDims}
 	var cfg map[string]any
 	switch variant {
 	case "llama", "llama-tied":
@@ -222,7 +226,15 @@ func Checkpoint(variant string, seed int64) (config []byte, tensors map[string]T
 type gen struct {
 	rng *rand.Rand
 	out map[string]Tensor
+	dims
 }
+
+// dims are the sizes of a checkpoint's Llama-family skeleton.
+type dims struct {
+	hidden, heads, kv, vocab int64
+}
+
+var tinyDims = dims{hidden: tinyHidden, heads: tinyHeads, kv: tinyKV, vocab: tinyVocab}
 
 // rand adds a tensor of uniform values in [-1, 1) (F8_E4M3: random bytes that are not NaN).
 func (g *gen) rand(name, dtype string, shape ...int64) {
@@ -268,9 +280,9 @@ func (g *gen) linear(name string, fp8 bool, out, in int64) {
 
 // mlp adds gate_proj, up_proj, down_proj of a dense MLP.
 func (g *gen) mlp(prefix, dtype string, inter int64) {
-	g.rand(prefix+".gate_proj.weight", dtype, inter, tinyHidden)
-	g.rand(prefix+".up_proj.weight", dtype, inter, tinyHidden)
-	g.rand(prefix+".down_proj.weight", dtype, tinyHidden, inter)
+	g.rand(prefix+".gate_proj.weight", dtype, inter, g.hidden)
+	g.rand(prefix+".up_proj.weight", dtype, inter, g.hidden)
+	g.rand(prefix+".down_proj.weight", dtype, g.hidden, inter)
 }
 
 // moe adds prefix+"gate.weight" (unless fp8 DeepSeek, which adds its own) and the experts.
@@ -302,26 +314,77 @@ func (g *gen) decoder(
 	normDType string,
 	mlp func(l string),
 ) {
-	g.rand("model.embed_tokens.weight", dtype, tinyVocab, tinyHidden)
+	g.rand("model.embed_tokens.weight", dtype, g.vocab, g.hidden)
 	for i := 0; i < layers; i++ {
 		l := fmt.Sprintf("model.layers.%d.", i)
-		g.rand(l+"input_layernorm.weight", normDType, tinyHidden)
-		g.rand(l+"post_attention_layernorm.weight", normDType, tinyHidden)
+		g.rand(l+"input_layernorm.weight", normDType, g.hidden)
+		g.rand(l+"post_attention_layernorm.weight", normDType, g.hidden)
 		a := l + "self_attn."
-		g.rand(a+"q_proj.weight", dtype, tinyHeads*headDim, tinyHidden)
-		g.rand(a+"k_proj.weight", dtype, tinyKV*headDim, tinyHidden)
-		g.rand(a+"v_proj.weight", dtype, tinyKV*headDim, tinyHidden)
+		g.rand(a+"q_proj.weight", dtype, g.heads*headDim, g.hidden)
+		g.rand(a+"k_proj.weight", dtype, g.kv*headDim, g.hidden)
+		g.rand(a+"v_proj.weight", dtype, g.kv*headDim, g.hidden)
 		if qkvBias {
-			g.rand(a+"q_proj.bias", dtype, tinyHeads*headDim)
-			g.rand(a+"k_proj.bias", dtype, tinyKV*headDim)
-			g.rand(a+"v_proj.bias", dtype, tinyKV*headDim)
+			g.rand(a+"q_proj.bias", dtype, g.heads*headDim)
+			g.rand(a+"k_proj.bias", dtype, g.kv*headDim)
+			g.rand(a+"v_proj.bias", dtype, g.kv*headDim)
 		}
-		g.rand(a+"o_proj.weight", dtype, tinyHidden, tinyHeads*headDim)
+		g.rand(a+"o_proj.weight", dtype, g.hidden, g.heads*headDim)
 		if qkNorm {
 			g.rand(a+"q_norm.weight", normDType, headDim)
 			g.rand(a+"k_norm.weight", normDType, headDim)
 		}
 		mlp(l)
 	}
-	g.rand("model.norm.weight", normDType, tinyHidden)
+	g.rand("model.norm.weight", normDType, g.hidden)
+}
+
+// WideVariants lists dense checkpoints whose head counts allow TP 6 as well as 1, 2, 4 and 8: 24
+// query heads over 2 KV heads (replicated 3 and 4 times at TP 6 and 8), an intermediate size of 96,
+// and a vocabulary of 1000, whose 64-row padding (1024) does not divide by 6, so TP 6 tells
+// lcm(64, TP) padding (1152 rows, 192 a rank) from v0.10.2's, which refuses it.
+var WideVariants = []string{"llama-wide", "llama-wide-tied", "qwen2-wide", "qwen3-wide"}
+
+const (
+	wideInter   = 96
+	wideHeadDim = 8
+)
+
+var wideDims = dims{hidden: 96, heads: 24, kv: 2, vocab: 1000}
+
+func wideCheckpoint(variant string, seed int64) ([]byte, map[string]Tensor) {
+	g := &gen{rng: rand.New(rand.NewSource(seed)), out: map[string]Tensor{}, dims: wideDims}
+	cfg := map[string]any{
+		"hidden_size": g.hidden, "intermediate_size": wideInter, "num_attention_heads": g.heads,
+		"num_key_value_heads": g.kv, "num_hidden_layers": 2, "vocab_size": g.vocab, "hidden_act": "silu",
+		"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 512, "tie_word_embeddings": false,
+		"torch_dtype": "bfloat16",
+	}
+	mlp := func(dtype string) func(string) { return func(l string) { g.mlp(l+"mlp", dtype, wideInter) } }
+	switch variant {
+	case "llama-wide", "llama-wide-tied":
+		tied := variant == "llama-wide-tied"
+		cfg["architectures"], cfg["model_type"] = []string{"LlamaForCausalLM"}, "llama"
+		cfg["head_dim"], cfg["tie_word_embeddings"], cfg["attention_bias"], cfg["mlp_bias"] = wideHeadDim, tied, false, false
+		g.decoder("BF16", 2, wideHeadDim, false, false, "BF16", mlp("BF16"))
+		if !tied {
+			g.rand("lm_head.weight", "BF16", g.vocab, g.hidden)
+		}
+	case "qwen2-wide":
+		// Qwen2Attention's head_dim is hidden_size // num_heads = 4.
+		cfg["architectures"], cfg["model_type"], cfg["torch_dtype"] = []string{"Qwen2ForCausalLM"}, "qwen2", "float16"
+		g.decoder("F16", 2, g.hidden/g.heads, true, false, "F16", mlp("F16"))
+		g.rand("lm_head.weight", "F16", g.vocab, g.hidden)
+	case "qwen3-wide":
+		cfg["architectures"], cfg["model_type"] = []string{"Qwen3ForCausalLM"}, "qwen3"
+		cfg["head_dim"], cfg["attention_bias"] = wideHeadDim, false
+		g.decoder("BF16", 2, wideHeadDim, false, true, "F32", mlp("BF16"))
+		g.rand("lm_head.weight", "BF16", g.vocab, g.hidden)
+	default:
+		panic("vllmref: unknown variant " + variant)
+	}
+	config, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		panic(err)
+	}
+	return config, g.out
 }

@@ -7,7 +7,11 @@
 // of the full Hugging Face tensors, row by row, the way vLLM's weight loaders narrow and copy them.
 // Each rule carries a comment naming the vLLM file and function it comes from.
 //
-// Target: vLLM v0.10.2, the plain CUDA path (no ROCm weight shuffles, no DeepGEMM E8M0
+// RankAt models a release line (Releases): "0.10" is vLLM v0.10.2 as described here; later lines
+// are these rules with what release.go lists changed, each change citing the vLLM file it was read
+// from (and saying where the release could not be pinned).
+//
+// Target of "0.10": vLLM v0.10.2, the plain CUDA path (no ROCm weight shuffles, no DeepGEMM E8M0
 // requantization, no sequence-parallel MoE, expert placement "linear", no EPLB, no LoRA padding).
 // Where the vLLM source this was read from is newer than v0.10.2 and differs, the comment says so
 // and the v0.10.2 (older) behaviour is what the code does.

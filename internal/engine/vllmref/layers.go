@@ -72,6 +72,7 @@ type builder struct {
 	dtype  string // the model dtype of unquantized parameters
 	bn, bk int64  // weight_block_size when the checkpoint is block fp8
 	fp8    bool
+	rel    release
 	params []param
 }
 
@@ -343,13 +344,34 @@ func (b *builder) qkv(names []string, hfq, hfk, hfv string, quant, bias bool, he
 // num_embeddings_per_partition = divide(padded, tp); the shard reads checkpoint rows
 // [min(rank*per, vocab), min((rank+1)*per, vocab)) (_get_indices) and weight_loader copies them to
 // the top of the parameter and fills the rest with 0.
+//
+// From the release that pads to lcm(64, TP) (release.lcmVocabPadding) the padding is that multiple
+// instead, so the padded vocabulary always divides by TP.
 func (b *builder) vocab(names []string, hf string, vocabSize, hidden int64) {
 	tp, r := b.p.tp, b.p.tpRank
-	padded := ceilDiv(vocabSize, 64) * 64
+	pad := int64(64)
+	if b.rel.lcmVocabPadding {
+		pad = lcm(64, tp)
+	}
+	padded := ceilDiv(vocabSize, pad) * pad
 	per := divide(padded, tp, "padded vocab size")
 	start, end := min(r*per, vocabSize), min((r+1)*per, vocabSize)
 	e := b.unquantized(hf, vocabSize, hidden)
 	b.add(padRows(narrowRows(e, start, end-start, hf), per), names...)
+}
+
+// attentionScales are the buffers an Attention module registers from the release that keeps them
+// in the state dict (release.attentionScales): _init_kv_cache_quant calls
+// set_default_quant_scales(layer, register_buffer=True), which registers _k_scale, _v_scale,
+// _q_scale and _prob_scale as torch.tensor(1.0, dtype=torch.float32), persistent (the default of
+// register_buffer). With the model's dtype and no checkpoint scales they stay 1.0 after loading.
+func (b *builder) attentionScales(prefix string) {
+	if !b.rel.attentionScales {
+		return
+	}
+	for _, s := range []string{"_k_scale", "_v_scale", "_q_scale", "_prob_scale"} {
+		b.add(filledF32(1), prefix+"."+s)
+	}
 }
 
 // expertNames are the checkpoint names of one expert's gate (w1), up (w3) and down (w2) linears.

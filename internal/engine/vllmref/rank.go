@@ -12,23 +12,39 @@ type Parallel struct {
 	EnableEP               bool
 }
 
-// Rank returns the tensors vLLM's ShardedStateLoader.save_model saves for that rank, keyed by the
-// names _filter_subtensors keeps, or an error where vLLM refuses the configuration (or the input
-// is outside what the reference models; the message says which).
-func Rank(config []byte, tensors map[string]Tensor, p Parallel) (out map[string]Tensor, err error) {
+// Rank is RankAt the v0.10.2 line ("0.10").
+func Rank(config []byte, tensors map[string]Tensor, p Parallel) (map[string]Tensor, error) {
+	return RankAt("0.10", config, tensors, p)
+}
+
+// RankAt returns the tensors ShardedStateLoader.save_model of a vLLM release line (one of
+// Releases) saves for that rank, keyed by the names _filter_subtensors keeps, or an error where vLLM
+// refuses the configuration, or an Unmodelled error where the input is outside what the reference
+// models for that line.
+func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (out map[string]Tensor, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			ref, ok := r.(refusal)
-			if !ok {
+			switch e := r.(type) {
+			case refusal:
+				out, err = nil, e
+			case Unmodelled:
+				out, err = nil, e
+			default:
 				panic(r)
 			}
-			out, err = nil, ref
 		}
 	}()
+	rel, ok := releases[line]
+	if !ok {
+		panic(Unmodelled("release line " + line + " is not modelled"))
+	}
 	cfg := parseConfig(config)
-	b := &builder{cfg: cfg, hf: tensors, p: makePar(p), dtype: cfg.modelDType()}
+	b := &builder{cfg: cfg, hf: tensors, p: makePar(p), dtype: cfg.modelDType(), rel: rel}
 	b.bn, b.bk, b.fp8 = cfg.fp8Block()
 	arch := cfg.architecture()
+	if rel.denseOnly && !slices.Contains([]string{"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}, arch) {
+		panic(Unmodelled(arch + " on vLLM " + line + ": its MoE module tree is not modelled (see doc.go)"))
+	}
 	switch arch {
 	case "LlamaForCausalLM",
 		"Qwen2ForCausalLM",
@@ -96,6 +112,8 @@ func (b *builder) decoder(arch string) {
 		b.qkv([]string{l + "self_attn.qkv_proj"}, l+"self_attn.q_proj", l+"self_attn.k_proj", l+"self_attn.v_proj",
 			false, qkvBias, heads, kvHeads, headDim, hidden)
 		b.row([]string{l + "self_attn.o_proj"}, l+"self_attn.o_proj", false, oBias, hidden, heads*headDim)
+		// LlamaAttention, Qwen2Attention and Qwen3Attention: self.attn = Attention(..., prefix=f"{prefix}.attn").
+		b.attentionScales(l + "self_attn.attn")
 		if qkNorm {
 			// Qwen3Attention: q_norm, k_norm = RMSNorm(head_dim), replicated.
 			b.norm([]string{l + "self_attn.q_norm.weight"}, l+"self_attn.q_norm.weight", headDim)

@@ -43,7 +43,7 @@ func numel(shape []int64) int64 {
 func rowBytes(t Tensor) int64 { return numel(t.Shape[1:]) * ElemSize(t.DType) }
 
 func (t Tensor) check() {
-	if len(t.Shape) == 0 || int64(len(t.Data)) != numel(t.Shape)*ElemSize(t.DType) {
+	if int64(len(t.Data)) != numel(t.Shape)*ElemSize(t.DType) {
 		panic(refusal(fmt.Sprintf("tensor of shape %v %s holds %d bytes", t.Shape, t.DType, len(t.Data))))
 	}
 }
@@ -183,3 +183,11 @@ func bf16RNE(x float32) uint16 {
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+func lcm(a, b int64) int64 {
+	x, y := a, b
+	for y != 0 {
+		x, y = y, x%y
+	}
+	return a / x * b
+}

@@ -1,0 +1,174 @@
+package server_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/internal/engine/vllmref"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// These tests hold the server's vLLM layouts of the release lines after v0.10.2
+// ("engine_version") to vllmref.RankAt, written from those lines' vLLM sources. A line or an
+// architecture the server does not lay out yet is skipped, not failed, so the reference can land
+// before the server implements the line.
+
+// vrefLineLayout is vrefLayout naming a release line ("" names none: the server's default).
+func vrefLineLayout(line string, p vllmref.Parallel) map[string]any {
+	l := vrefLayout(p)
+	if line != "" {
+		l["engine_version"] = line
+	}
+	return l
+}
+
+// vrefLineParallels is the issue's grid: TP 1, 2, 4, 6, 8 x EP off and on x DP 1 and 2 x every
+// (dp_rank, tp_rank). TPs the heads do not allow are in it too: the server must refuse them as
+// vLLM does.
+func vrefLineParallels() []vllmref.Parallel {
+	var out []vllmref.Parallel
+	for _, tp := range []int{1, 2, 4, 6, 8} {
+		for _, ep := range []bool{false, true} {
+			for _, dp := range []int{1, 2} {
+				for d := 0; d < dp; d++ {
+					for r := 0; r < tp; r++ {
+						out = append(out, vllmref.Parallel{TP: tp, TPRank: r, DP: dp, DPRank: d, EnableEP: ep})
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// vrefLineUnserved reports whether the server answered that it does not lay out this line (or this
+// architecture on it): a 400 or 422 problem that names engine_version.
+func vrefLineUnserved(res response) bool {
+	if res.status != 400 && res.status != 422 {
+		return false
+	}
+	if res.problem.Errors != nil {
+		for _, e := range *res.problem.Errors {
+			if e.Pointer == "/layout/engine_version" {
+				return true
+			}
+		}
+	}
+	return res.problem.Detail != nil && strings.Contains(*res.problem.Detail, "engine_version")
+}
+
+// vrefLineCheck compares one rank in the safetensors format, and with raw also /v1/layouts (which
+// must name the line it followed) and the raw body, with the reference's tensors.
+func vrefLineCheck(
+	t *testing.T, h *harness, name, line, want string, cfg []byte, hf map[string]vllmref.Tensor,
+	p vllmref.Parallel, raw bool,
+) {
+	t.Helper()
+	ref, refErr := vllmref.RankAt(want, cfg, hf, p)
+	var unmodelled vllmref.Unmodelled
+	if errors.As(refErr, &unmodelled) {
+		t.Fatalf("%s: %v", name, refErr)
+	}
+	layout := vrefLineLayout(line, p)
+	what := fmt.Sprintf("%s line %q %+v", name, line, p)
+	res := h.do("POST", "/v1/shards", map[string]any{"checkpoint": name, "format": "safetensors", "layout": layout})
+	if refErr != nil {
+		if !vrefIsProblem(res, 422) {
+			t.Errorf("%s: vLLM refuses it (%v); the server answered %d %.200s", what, refErr, res.status, res.body)
+		}
+		return
+	}
+	if res.status != 200 || res.header.Get("Content-Type") != "application/vnd.safetensors" {
+		t.Errorf("%s: %d %s %.300s", what, res.status, res.header.Get("Content-Type"), res.body)
+		return
+	}
+	vrefReport(t, what, vrefDiff(vrefParseSafetensors(t, res.body), ref))
+	if !raw {
+		return
+	}
+	lres := h.do("POST", "/v1/layouts", map[string]any{"checkpoint": name, "layout": layout})
+	sres := h.do("POST", "/v1/shards", map[string]any{"checkpoint": name, "format": "raw", "layout": layout})
+	if lres.status != 200 || sres.status != 200 {
+		t.Errorf("%s raw: /v1/layouts %d %.200s; /v1/shards %d %.200s", what, lres.status, lres.body, sres.status, sres.body)
+		return
+	}
+	var table struct {
+		EngineVersion string `json:"engine_version"`
+		Tensors       []struct {
+			Name  string  `json:"name"`
+			DType string  `json:"dtype"`
+			Shape []int64 `json:"shape"`
+		} `json:"tensors"`
+	}
+	if err := json.Unmarshal(lres.body, &table); err != nil {
+		t.Fatalf("%s: layouts response: %v", what, err)
+	}
+	if table.EngineVersion != want {
+		t.Errorf("%s: /v1/layouts says it follows engine_version %q, want %q", what, table.EngineVersion, want)
+	}
+	got := map[string]vllmref.Tensor{}
+	body := sres.body
+	for _, x := range table.Tensors {
+		size := vllmref.ElemSize(x.DType)
+		for _, d := range x.Shape {
+			size *= d
+		}
+		if size > int64(len(body)) {
+			t.Errorf("%s raw: the body ends inside %s", what, x.Name)
+			return
+		}
+		got[x.Name] = vllmref.Tensor{DType: x.DType, Shape: x.Shape, Data: body[:size]}
+		body = body[size:]
+	}
+	if len(body) != 0 {
+		t.Errorf("%s raw: %d bytes after the last tensor", what, len(body))
+	}
+	vrefReport(t, what+" raw", vrefDiff(got, ref))
+}
+
+// TestVLLMLinesMatchReference runs, for every line after "0.10" and every checkpoint the reference
+// models on it, the whole grid of vrefLineParallels in the safetensors format, a rank of every TP
+// also in the raw format, and a request without engine_version against the newest line.
+func TestVLLMLinesMatchReference(t *testing.T) {
+	newest := vllmref.Releases[len(vllmref.Releases)-1]
+	for _, line := range vllmref.Releases[1:] {
+		for _, variant := range append(slices.Clone(vllmref.Variants), vllmref.WideVariants...) {
+			cfg, hf := vllmref.Checkpoint(variant, 42)
+			var unmodelled vllmref.Unmodelled
+			if _, err := vllmref.RankAt(line, cfg, hf, vllmref.Parallel{TP: 1, DP: 1}); errors.As(err, &unmodelled) {
+				continue
+			}
+			t.Run(line+"/"+variant, func(t *testing.T) {
+				dir := t.TempDir()
+				st, err := store.NewLocal(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				h := newHarness(t, planner.DefaultOptions(), st, localPut(t, dir))
+				vrefPut(t, h, variant, variant)
+				probe := h.do("POST", "/v1/layouts", map[string]any{
+					"checkpoint": variant, "layout": vrefLineLayout(line, vllmref.Parallel{TP: 1, DP: 1}),
+				})
+				if vrefLineUnserved(probe) {
+					t.Skipf("the server does not lay out %s on vLLM line %s yet: %d %.300s", variant, line, probe.status,
+						probe.body)
+				}
+				for _, p := range vrefLineParallels() {
+					// The raw format for the last rank of every (TP, EP, DP).
+					raw := p.TPRank == p.TP-1 && p.DPRank == p.DP-1
+					vrefLineCheck(t, h, variant, line, line, cfg, hf, p, raw)
+				}
+				if line == newest {
+					for _, p := range []vllmref.Parallel{{TP: 1, DP: 1}, {TP: 6, TPRank: 5, DP: 1}, {TP: 8, TPRank: 3, DP: 1}} {
+						vrefLineCheck(t, h, variant, "", newest, cfg, hf, p, true)
+					}
+				}
+			})
+		}
+	}
+}
