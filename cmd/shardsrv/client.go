@@ -1,20 +1,30 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/oms"
@@ -98,23 +108,34 @@ func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rank
 	)
 }
 
-// ranks reads --rank: one TP rank, or with all every rank of --tp.
-func (l *layoutFlags) ranks(all bool) ([]int64, error) {
-	if all && l.rank == "all" {
+// ranks reads --rank: one TP rank, or where a command takes several, a list (0,3,5) or all of --tp.
+func (l *layoutFlags) ranks(several bool) ([]int64, error) {
+	if several && l.rank == "all" {
 		var out []int64
 		for r := range l.tp {
 			out = append(out, r)
 		}
 		return out, nil
 	}
-	r, err := strconv.ParseInt(l.rank, 10, 64)
-	if err != nil {
-		if all {
-			return nil, fmt.Errorf("--rank %q: a TP rank or all", l.rank)
-		}
-		return nil, fmt.Errorf("--rank %q: a TP rank", l.rank)
+	fields := []string{l.rank}
+	if several {
+		fields = strings.Split(l.rank, ",")
 	}
-	return []int64{r}, nil
+	var out []int64
+	for _, f := range fields {
+		r, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			if several {
+				return nil, fmt.Errorf("--rank %q: a TP rank, a list of them (0,3,5) or all", l.rank)
+			}
+			return nil, fmt.Errorf("--rank %q: a TP rank", l.rank)
+		}
+		if slices.Contains(out, r) {
+			return nil, fmt.Errorf("--rank %q: rank %d twice", l.rank, r)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // layout is the rank's api.EngineLayout; the server checks the numbers against the model.
@@ -217,29 +238,33 @@ func (b *bar) progress() api.Progress {
 	if b == nil {
 		return nil
 	}
-	return func(done, total int64) {
-		if time.Since(b.last) < 100*time.Millisecond && done != total {
-			return
-		}
-		b.last, b.drawn = time.Now(), true
-		const width = 30
-		filled, of := 0, "?"
-		if total > 0 {
-			filled, of = int(width*done/total), size(total)
-		}
-		elapsed := time.Since(b.start)
-		rate := float64(done) / max(elapsed.Seconds(), 1e-9)
-		fmt.Fprintf(
-			b.w,
-			"\r[%s%s] %s / %s  %s/s  ETA %s ",
-			strings.Repeat("#", filled),
-			strings.Repeat(".", width-filled),
-			size(done),
-			of,
-			size(int64(rate)),
-			eta(done, total, elapsed),
-		)
+	return func(done, total int64) { b.draw("", done, total) }
+}
+
+// draw redraws the bar's line (label first), unless it was drawn less than 100 ms ago.
+func (b *bar) draw(label string, done, total int64) {
+	if time.Since(b.last) < 100*time.Millisecond && done != total {
+		return
 	}
+	b.last, b.drawn = time.Now(), true
+	const width = 30
+	filled, of := 0, "?"
+	if total > 0 {
+		filled, of = int(width*done/total), size(total)
+	}
+	elapsed := time.Since(b.start)
+	rate := float64(done) / max(elapsed.Seconds(), 1e-9)
+	fmt.Fprintf(
+		b.w,
+		"\r%s[%s%s] %s / %s  %s/s  ETA %s \033[K",
+		label,
+		strings.Repeat("#", filled),
+		strings.Repeat(".", width-filled),
+		size(done),
+		of,
+		size(int64(rate)),
+		eta(done, total, elapsed),
+	)
 }
 
 // end ends the bar's line, so what follows (a summary, an error) starts on its own.
@@ -257,7 +282,7 @@ func writeAtomic(root *os.Root, name string, fill func(f *os.File) error) error 
 			return err
 		}
 	}
-	tmp := path.Join(path.Dir(name), "."+path.Base(name)+".tmp-"+rand.Text())
+	tmp := path.Join(path.Dir(name), "."+path.Base(name)+tempMark+rand.Text())
 	f, err := root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
@@ -278,6 +303,31 @@ func writeAtomic(root *os.Root, name string, fill func(f *os.File) error) error 
 	return err
 }
 
+// tempMark is in the name of every temporary file writeAtomic makes (".NAME.tmp-RANDOM").
+const tempMark = ".tmp-"
+
+// removeStaleTemps removes the temporary files an earlier fetch into dir left when it was killed
+// (SIGKILL, a lost node): a fetch that is interrupted otherwise removes its own.
+func removeStaleTemps(root *os.Root, dir string) error {
+	f, err := root.Open(dir)
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, ".") && strings.Contains(n, tempMark) {
+			if err := root.Remove(path.Join(dir, n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // rewind lets a retried fetch start the file over.
 func rewind(f *os.File) func() error {
 	return func() error {
@@ -291,23 +341,29 @@ func rewind(f *os.File) func() error {
 
 const fetchUsage = `Usage:
   shardsrv fetch --request FILE -o OUT|-
-  shardsrv fetch --checkpoint NAME --layout vllm --tp N --rank R|all [--dp N --dp-rank R --ep] [--dtype DTYPE] --out DIR
+  shardsrv fetch --checkpoint NAME --layout vllm --tp N --rank R|R,R,...|all [--parallel N]
+                 [--dp N --dp-rank R --ep] [--dtype DTYPE] --out DIR
   shardsrv fetch --checkpoint NAME --small-files --out DIR
 
 The first form POSTs a shard request (JSON, such as 'shardsrv layout' prints) to /v1/shards and
 writes the body (raw bytes, or a safetensors file when the request says "format": "safetensors")
-to OUT, or to stdout with -o -. OUT is written through a temporary file renamed once the body is
-whole: when the fetch fails, OUT is left as it was.
+to OUT, or with -o - to stdout when it is not a terminal. OUT is written through a temporary file
+renamed once the body is whole: when the fetch fails, OUT is left as it was.
 
 The second writes a directory vLLM loads with --load-format sharded_state: for each TP rank R
-(every rank of --tp with --rank all), DIR/model-rank-R-part-0.safetensors holding the parameters
-vLLM holds on that rank, as the server lays them out from the checkpoint's config.json; and every
-small file of the checkpoint (config.json, generation_config.json, tokenizer files). Each file
-appears whole or not at all. With --ep and --dp above 1 the DP ranks hold different experts under
-the same file names: give each DP rank its own DIR.
+(a list of ranks for one node of a multi-node TP group, or every rank of --tp with all),
+DIR/model-rank-R-part-0.safetensors holding the parameters vLLM holds on that rank, as the server
+lays them out from the checkpoint's config.json, --parallel ranks at a time; then the checkpoint's
+small files (config.json, generation_config.json, tokenizer files), last: a DIR holding
+config.json is complete. Each file appears whole or not at all. With --ep and --dp above 1 the DP
+ranks hold different experts under the same file names: give each DP rank its own DIR.
 
 The third writes the small files only, no weights: the model directory of a vLLM that loads its
 weights through the shardsrv plugin (--load-format shardsrv).
+
+Interrupted (Ctrl-C, SIGTERM), fetch removes its temporary files; a rerun removes those a killed
+one left, and skips each rank file already complete: .NAME.fetched beside it records the request,
+the size and the SHA-256, checked against the file before it is skipped.
 
 Overload, storage trouble and broken connections are retried with jittered backoff, each retry
 logged on stderr; a request the server refuses (4xx) is not. A progress bar shows on a terminal.
@@ -318,6 +374,7 @@ Examples:
   shardsrv fetch --server http://localhost:8080 --checkpoint llama-tiny --layout vllm --tp 2 --rank all \
     --out /models/llama-tiny-tp2
   vllm serve /models/llama-tiny-tp2 --load-format sharded_state --tensor-parallel-size 2
+  shardsrv fetch --checkpoint llama-3-70b --layout vllm --tp 16 --rank 8,9,10,11,12,13,14,15 --out /models/l70
   shardsrv fetch --checkpoint llama-tiny --small-files --out /models/llama-tiny
 `
 
@@ -337,39 +394,58 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 	smallOnly := fs.Bool("small-files", false, "with --checkpoint and --out, no --layout: write the checkpoint's "+
 		"small files only (config.json, tokenizer and generation config), the model directory a vLLM with the "+
 		"shardsrv plugin loads")
+	parallel := fs.Int("parallel", 4, "with --layout: rank files fetched at a `N`umber at a time")
 	var lf layoutFlags
-	lf.register(fs, "layout", "", "with --layout: the TP `RANK` to fetch, or all")
+	lf.register(fs, "layout", "", "with --layout: the TP `RANK` to fetch, a list (0,3,5), or all")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	ctx := context.Background()
+	if *parallel < 1 {
+		return fmt.Errorf("fetch: --parallel %d: at least 1", *parallel)
+	}
+	// SIGINT and SIGTERM (Ctrl-C, a pod's deletion) cancel the fetch, so its temporary files go.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
 	switch {
 	case *reqPath != "" && *out != "" && lf.engine == "" && *dir == "" && !*smallOnly:
-		return fetchRequest(ctx, cf.client(), *reqPath, *out, stdout, stderr)
+		err = fetchRequest(ctx, cf.client(), *reqPath, *out, stdout, stderr)
 	case lf.engine != "" && *ckpt != "" && *dir != "" && *reqPath == "" && *out == "" && !*smallOnly:
-		return fetchLayout(ctx, cf.client(), *ckpt, &lf, *dir, stderr)
+		err = fetchLayout(ctx, cf.client(), *ckpt, &lf, *dir, *parallel, stderr)
 	case *smallOnly && *ckpt != "" && *dir != "" && lf.engine == "" && *reqPath == "" && *out == "":
-		return fetchSmallFiles(ctx, cf.client(), *ckpt, *dir, stderr)
+		err = fetchSmallFiles(ctx, cf.client(), *ckpt, *dir, stderr)
+	default:
+		return errors.New("fetch: give --request FILE -o OUT, --checkpoint NAME --layout vllm --out DIR, or " +
+			"--checkpoint NAME --small-files --out DIR (see 'shardsrv fetch -h')")
 	}
-	return errors.New("fetch: give --request FILE -o OUT, --checkpoint NAME --layout vllm --out DIR, or " +
-		"--checkpoint NAME --small-files --out DIR (see 'shardsrv fetch -h')")
+	if err != nil && ctx.Err() != nil {
+		return errors.New("fetch: interrupted; its temporary files are removed, complete rank files kept " +
+			"(run it again to finish)")
+	}
+	return err
 }
 
-// openDir opens dir, created if missing, as the root every file of a fetch is written under.
+// openDir opens dir, created if missing, as the root every file of a fetch is written under, and
+// removes the temporary files a killed fetch left in it.
 func openDir(dir string) (*os.Root, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	return os.OpenRoot(dir)
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := removeStaleTemps(root, "."); err != nil {
+		root.Close()
+		return nil, err
+	}
+	return root, nil
 }
 
 // writeSmallFiles writes the checkpoint's small files an engine loads beside the weights: all the
 // files route lists but the signature, which covers the checkpoint's own weight files, not these.
-func writeSmallFiles(ctx context.Context, c *api.Client, root *os.Root, ckpt string) (int, error) {
-	files, err := c.Files(ctx, ckpt)
-	if err != nil {
-		return 0, err
-	}
+func writeSmallFiles(ctx context.Context, c *api.Client, root *os.Root, ckpt string, files *api.FileList) (
+	int, error) {
 	n := 0
 	for _, fi := range files.Files {
 		if fi.Name == oms.SignatureFile {
@@ -394,7 +470,11 @@ func fetchSmallFiles(ctx context.Context, c *api.Client, ckpt, dir string, stder
 		return err
 	}
 	defer root.Close()
-	n, err := writeSmallFiles(ctx, c, root, ckpt)
+	files, err := c.Files(ctx, ckpt)
+	if err != nil {
+		return err
+	}
+	n, err := writeSmallFiles(ctx, c, root, ckpt, files)
 	if err != nil {
 		return err
 	}
@@ -403,6 +483,9 @@ func fetchSmallFiles(ctx context.Context, c *api.Client, ckpt, dir string, stder
 }
 
 func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdout, stderr io.Writer) error {
+	if out == "-" && isTerminal(stdout) {
+		return errors.New("fetch: -o - would write binary to the terminal; redirect stdout or give -o FILE")
+	}
 	req, err := readRequest(reqPath)
 	if err != nil {
 		return err
@@ -419,7 +502,11 @@ func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdou
 			return rerr
 		}
 		defer root.Close()
-		err = writeAtomic(root, filepath.Base(out), func(f *os.File) (err error) {
+		name := filepath.Base(out)
+		if err := removeStaleTempsOf(root, name); err != nil {
+			return err
+		}
+		err = writeAtomic(root, name, func(f *os.File) (err error) {
 			got, err = c.FetchVerified(ctx, req, f, rewind(f), b.progress())
 			return err
 		})
@@ -430,6 +517,37 @@ func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdou
 	}
 	fetched(stderr, out, got, time.Since(start))
 	return nil
+}
+
+// removeStaleTempsOf removes the temporary files a killed fetch of name left beside it.
+func removeStaleTempsOf(root *os.Root, name string) error {
+	f, err := root.Open(".")
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "."+name+tempMark) {
+			if err := root.Remove(n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // fetched reports a fetch, with the digest its body matched.
@@ -445,8 +563,10 @@ func fetched(stderr io.Writer, what string, got api.Fetched, took time.Duration)
 		took.Seconds(), size(int64(float64(got.Bytes)/max(took.Seconds(), 1e-9))), digest)
 }
 
-// fetchLayout writes the sharded_state directory of a layout's ranks.
-func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlags, dir string, stderr io.Writer) error {
+// fetchLayout writes the sharded_state directory of a layout's ranks: the rank files, parallel at
+// a time, then the small files, so that a directory holding config.json is complete.
+func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlags, dir string, parallel int,
+	stderr io.Writer) error {
 	if lf.engine != string(api.Vllm) {
 		// The directory is vLLM's sharded_state; another engine's rank is a request to fetch.
 		return fmt.Errorf(
@@ -464,33 +584,158 @@ func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlag
 		return err
 	}
 	defer root.Close()
-	// The small files first: they fail fast when the checkpoint is wrong.
-	nFiles, err := writeSmallFiles(ctx, c, root, ckpt)
+	// Listed first, written last: a wrong checkpoint fails before any rank is fetched.
+	files, err := c.Files(ctx, ckpt)
 	if err != nil {
 		return err
 	}
-	st := api.Safetensors
-	for _, r := range ranks {
+	p := newRanksProgress(stderr, len(ranks))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(parallel)
+	var skipped atomic.Int64
+	for i, r := range ranks {
 		l := lf.layout(r)
+		st := api.Safetensors
 		req := &api.ShardRequest{Checkpoint: ckpt, Format: &st, Layout: &l}
 		// vLLM's ShardedStateLoader reads model-rank-{tp rank}-part-{part}.safetensors.
 		name := fmt.Sprintf("model-rank-%d-part-0.safetensors", r)
-		start := time.Now()
-		b := newBar(stderr)
-		var got api.Fetched
-		err := writeAtomic(root, name, func(f *os.File) (err error) {
-			got, err = c.FetchVerified(ctx, req, f, rewind(f), b.progress())
-			return err
+		g.Go(func() error {
+			start := time.Now()
+			got, done, err := fetchRank(gctx, c, root, name, req, p.rank(i))
+			switch {
+			case err != nil:
+				return fmt.Errorf("%s: %w", name, err)
+			case done:
+				p.log(func(w io.Writer) {
+					fmt.Fprintf(w, "%s is complete (%s, as recorded in %s): skipped\n", filepath.Join(dir, name),
+						size(got.Bytes), recordName(name))
+				})
+				skipped.Add(1)
+			default:
+				p.log(func(w io.Writer) { fetched(w, filepath.Join(dir, name), got, time.Since(start)) })
+			}
+			return nil
 		})
-		b.end()
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		fetched(stderr, filepath.Join(dir, name), got, time.Since(start))
 	}
-	fmt.Fprintf(stderr, "wrote %d rank files and %d checkpoint files into %s\n", len(ranks), nFiles, dir)
+	err = g.Wait()
+	p.end()
+	if err != nil {
+		return err
+	}
+	nFiles, err := writeSmallFiles(ctx, c, root, ckpt, files)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %d rank files (%d complete already) and %d checkpoint files into %s\n",
+		int64(len(ranks))-skipped.Load(), skipped.Load(), nFiles, dir)
 	return nil
 }
+
+// fetchRecord is what .NAME.fetched says of a complete rank file: the request it answers, its
+// size and SHA-256. A rerun skips the file when all three still hold.
+type fetchRecord struct {
+	Request json.RawMessage `json:"request"`
+	Bytes   int64           `json:"bytes"`
+	SHA256  string          `json:"sha256"`
+}
+
+func recordName(name string) string { return "." + name + ".fetched" }
+
+// fetchRank writes one rank file, unless its record says it is complete already (done).
+func fetchRank(ctx context.Context, c *api.Client, root *os.Root, name string, req *api.ShardRequest,
+	progress api.Progress) (got api.Fetched, done bool, err error) {
+	reqJSON, err := json.Marshal(req)
+	if err != nil {
+		return got, false, err
+	}
+	if n, ok := complete(root, name, reqJSON); ok {
+		return api.Fetched{Bytes: n}, true, nil
+	}
+	if err := root.Remove(recordName(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return got, false, err
+	}
+	h := sha256.New()
+	err = writeAtomic(root, name, func(f *os.File) (err error) {
+		restart := func() error { h.Reset(); return rewind(f)() }
+		got, err = c.FetchVerified(ctx, req, io.MultiWriter(f, h), restart, progress)
+		return err
+	})
+	if err != nil {
+		return got, false, err
+	}
+	rec, err := json.Marshal(fetchRecord{Request: reqJSON, Bytes: got.Bytes, SHA256: hex.EncodeToString(h.Sum(nil))})
+	if err != nil {
+		return got, false, err
+	}
+	err = writeAtomic(root, recordName(name), func(f *os.File) error { _, err := f.Write(rec); return err })
+	return got, false, err
+}
+
+// complete reports whether name holds the whole answer to the request, as its record says: the
+// same request, and a file of the recorded size and SHA-256.
+func complete(root *os.Root, name string, reqJSON []byte) (int64, bool) {
+	raw, err := root.ReadFile(recordName(name))
+	if err != nil {
+		return 0, false
+	}
+	var rec fetchRecord
+	if json.Unmarshal(raw, &rec) != nil || !bytes.Equal(rec.Request, reqJSON) {
+		return 0, false
+	}
+	f, err := root.Open(name)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	return n, err == nil && n == rec.Bytes && hex.EncodeToString(h.Sum(nil)) == rec.SHA256
+}
+
+// ranksProgress is one progress line for the ranks of a fetch on a terminal: the bytes of all of
+// them together, and how many are done.
+type ranksProgress struct {
+	mu          sync.Mutex
+	b           *bar
+	w           io.Writer
+	done, total []int64
+	finished    int
+}
+
+func newRanksProgress(stderr io.Writer, ranks int) *ranksProgress {
+	return &ranksProgress{b: newBar(stderr), w: stderr, done: make([]int64, ranks), total: make([]int64, ranks)}
+}
+
+// rank is rank i's part of the line.
+func (p *ranksProgress) rank(i int) api.Progress {
+	if p.b == nil {
+		return nil
+	}
+	return func(done, total int64) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.done[i], p.total[i] = done, total
+		var d, t int64
+		for j := range p.done {
+			d, t = d+p.done[j], t+p.total[j]
+		}
+		p.b.draw(fmt.Sprintf("%d/%d ranks ", p.finished, len(p.done)), d, t)
+	}
+}
+
+// log prints a line above the progress line.
+func (p *ranksProgress) log(print func(io.Writer)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.finished++
+	if p.b != nil && p.b.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+		p.b.last = time.Time{} // redrawn at the next progress
+	}
+	print(p.w)
+}
+
+func (p *ranksProgress) end() { p.b.end() }
 
 const planUsage = `Usage: shardsrv plan --request FILE [--json]
 

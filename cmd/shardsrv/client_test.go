@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -29,7 +30,10 @@ import (
 )
 
 // live serves the example checkpoint; folder is its directory.
-func live(t *testing.T) (url, folder string) {
+func live(t *testing.T) (url, folder string) { return liveWrapped(t, nil) }
+
+// liveWrapped serves the example checkpoint through wrap (nil: none).
+func liveWrapped(t *testing.T, wrap func(http.Handler) http.Handler) (url, folder string) {
 	dir := filepath.Join(t.TempDir(), "checkpoints")
 	if _, err := example.Generate(dir); err != nil {
 		t.Fatal(err)
@@ -43,9 +47,27 @@ func live(t *testing.T) (url, folder string) {
 				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},
 			)},
 	)
-	ts := httptest.NewServer(srv.Handler())
+	h := srv.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
 	return ts.URL, filepath.Join(dir, example.Name)
+}
+
+// fileNames lists dir, sorted.
+func fileNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
 }
 
 // readSafetensors parses a safetensors file: each tensor's header entry and bytes, by name.
@@ -259,21 +281,21 @@ func TestFetchLayoutWritesAShardedStateDirectory(t *testing.T) {
 		for _, r := range c0.ranks {
 			wantNames = append(wantNames, "model-rank-"+string(rune('0'+r))+"-part-0.safetensors")
 		}
-		entries, _ := os.ReadDir(dir)
-		var names []string
-		for _, e := range entries {
-			names = append(names, e.Name())
+		names := fileNames(t, dir)
+		for _, n := range wantNames[2:] {
+			wantNames = append(wantNames, recordName(n))
 		}
+		slices.Sort(wantNames)
 		if !slices.Equal(names, wantNames) {
 			t.Fatalf("%v wrote %v, want %v", args, names, wantNames)
 		}
-		for _, f := range wantNames[:2] {
+		for _, f := range []string{"config.json", "generation_config.json"} {
 			got, _ := os.ReadFile(filepath.Join(dir, f))
 			if want, _ := os.ReadFile(filepath.Join(folder, f)); !bytes.Equal(got, want) {
 				t.Errorf("%s differs from the checkpoint's", f)
 			}
 		}
-		for i, r := range c0.ranks {
+		for _, r := range c0.ranks {
 			tp := int64(2)
 			l := api.EngineLayout{Engine: api.Vllm, TensorParallelSize: &tp, TpRank: &r, EnableExpertParallel: &c0.ep}
 			table, err := c.Layout(ctx, example.Name, l)
@@ -284,7 +306,7 @@ func TestFetchLayoutWritesAShardedStateDirectory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			file := filepath.Join(dir, wantNames[2+i])
+			file := filepath.Join(dir, fmt.Sprintf("model-rank-%d-part-0.safetensors", r))
 			stored, data := readSafetensors(t, file)
 			if len(stored) != len(table.Tensors) {
 				t.Errorf("%s holds %d tensors, the layout %d", file, len(stored), len(table.Tensors))
