@@ -21,6 +21,7 @@ import (
 // vrefLineLayout is vrefLayout naming a release line ("" names none: the server's default).
 func vrefLineLayout(line string, p vllmref.Parallel) map[string]any {
 	l := vrefLayout(p)
+	delete(l, "engine_version")
 	if line != "" {
 		l["engine_version"] = line
 	}
