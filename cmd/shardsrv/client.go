@@ -805,8 +805,8 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-const layoutUsage = `Usage: shardsrv layout --checkpoint NAME [--engine vllm] --tp N --rank R
-                       [--dp N --dp-rank R --ep] [--dtype DTYPE] [--format json|table]
+const layoutUsage = `Usage: shardsrv layout --checkpoint NAME [--engine vllm] [--engine-version LINE] --tp N --rank R
+                       [--dp N --dp-rank R --ep] [--dtype DTYPE] [--format json|table] [--check MANIFEST.json]
 
 Prints the tensors an inference engine holds on one rank, as the server lays them out from the
 checkpoint's config.json (POST /v1/layouts): the engine's parameter names, each tensor of the
@@ -814,6 +814,9 @@ rank's parameter shape, with the table that says where each element comes from. 
 default) is a shard request body carrying that explicit table, ready to POST to /v1/shards (or to
 'shardsrv plan' and 'shardsrv fetch') as it is or edited; table lists name, dtype and shape.
 To fetch a rank without a table, 'shardsrv fetch --layout' sends the layout itself.
+--check compares the table with a manifest a live engine dumped for the same rank (a JSON list of
+{name, shape, dtype}; clients/python's shardsrv.manifest writes it), prints every difference, and
+fails if there is one: how to learn, before any weights move, that a release renamed a tensor.
 
 Examples:
   shardsrv layout --server http://localhost:8080 --checkpoint llama-tiny --tp 2 --rank 1 --format table
@@ -827,6 +830,8 @@ func layoutCmd(args []string, stdout, stderr io.Writer) error {
 	cf.register(fs)
 	ckpt := fs.String("checkpoint", "", "checkpoint `NAME` on the server (required)")
 	format := fs.String("format", "json", "`FORMAT`: json (a shard request body) or table (name, dtype, shape)")
+	check := fs.String("check", "", "compare the table with the `MANIFEST.json` a live engine dumped, "+
+		"print every difference, and fail on any")
 	var lf layoutFlags
 	lf.register(fs, "engine", "vllm", "the TP `RANK` (tp_rank)")
 	if err := parse(fs, args); err != nil {
@@ -845,6 +850,21 @@ func layoutCmd(args []string, stdout, stderr io.Writer) error {
 	table, err := cf.client().Layout(context.Background(), *ckpt, lf.layout(ranks[0]))
 	if err != nil {
 		return err
+	}
+	if *check != "" {
+		manifest, err := readManifest(*check)
+		if err != nil {
+			return fmt.Errorf("layout: --check: %w", err)
+		}
+		diffs := manifestDiff(table.Tensors, manifest)
+		for _, d := range diffs {
+			fmt.Fprintln(stdout, d)
+		}
+		if len(diffs) > 0 {
+			return fmt.Errorf("layout: the table differs from %s in %d places", *check, len(diffs))
+		}
+		fmt.Fprintf(stdout, "the table matches %s: %d tensors\n", *check, len(manifest))
+		return nil
 	}
 	if *format == "json" {
 		enc := json.NewEncoder(stdout)
