@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardsrv/shardsrv/internal/engine/vllmref"
 	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
@@ -89,6 +90,11 @@ func vrefLineCheck(
 		return
 	}
 	vrefReport(t, what, vrefDiff(vrefParseSafetensors(t, res.body), ref))
+	md := vrefSafetensorsMetadata(t, res.body)
+	if md["shardsrv.engine"] != "vllm" || md["shardsrv.engine_version"] != want {
+		t.Errorf("%s: __metadata__ names engine %q line %q, want vllm %q (docs/engines.md)", what,
+			md["shardsrv.engine"], md["shardsrv.engine_version"], want)
+	}
 	if !raw {
 		return
 	}
@@ -130,6 +136,20 @@ func vrefLineCheck(
 		t.Errorf("%s raw: %d bytes after the last tensor", what, len(body))
 	}
 	vrefReport(t, what+" raw", vrefDiff(got, ref))
+}
+
+// vrefSafetensorsMetadata is a safetensors body's __metadata__.
+func vrefSafetensorsMetadata(t *testing.T, body []byte) map[string]string {
+	t.Helper()
+	n, err := safetensors.HeaderLen("body", body, int64(len(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr, err := safetensors.Parse("body", body[8:8+n], int64(len(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hdr.Metadata
 }
 
 // TestVLLMLinesMatchReference runs, for every line after "0.10" and every checkpoint the reference
