@@ -404,9 +404,16 @@ type Problem struct {
 	Detail   *string       `json:"detail,omitempty"`
 	Errors   *[]FieldError `json:"errors,omitempty"`
 	Instance *string       `json:"instance,omitempty"`
-	Status   int           `json:"status"`
-	Title    string        `json:"title"`
-	Type     string        `json:"type"`
+
+	// Retryable Whether the same request may succeed later: overload, time-outs, storage trouble, a file
+	// replaced while it was read. False for what fails the same way every time: the request's
+	// own fault (a 4xx but 408, 409 and 429), stored bytes that fail their signature, a
+	// checkpoint that cannot be served verified, a store that denies access. Clients retry a
+	// problem only when it is true.
+	Retryable *bool  `json:"retryable,omitempty"`
+	Status    int    `json:"status"`
+	Title     string `json:"title"`
+	Type      string `json:"type"`
 }
 
 // ReadPlan defines model for ReadPlan.

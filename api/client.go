@@ -84,15 +84,17 @@ func (e *ProblemError) Error() string {
 	return msg
 }
 
-// retryable reports statuses another attempt may cure: a time-out or overload (408, 429, 503,
-// 504), storage trouble (502), and a checkpoint file that changed under the request (409: the
-// server says to retry, and the next attempt reads the new version). Any other 4xx is the
-// request's fault and fails the same way every time.
-func retryable(status int) bool {
-	switch status {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests,
-		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+// retryable reports whether another attempt may cure a problem. Of the 4xx only a time-out, a
+// checkpoint file that changed under the request (the next attempt reads the new version) and
+// overload (408, 409, 429); of the server's failures (502, 503, 504) those whose problem does not
+// say "retryable": false (bytes that fail their signature, a store denying access: the same on
+// every attempt). An answer that is not the server's problem (a proxy's) is judged by its status.
+func retryable(p *Problem) bool {
+	switch p.Status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests:
 		return true
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return p.Retryable == nil || *p.Retryable
 	}
 	return false
 }
@@ -187,7 +189,7 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	if err := json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&p.Problem); err != nil || p.Status == 0 {
 		p.Problem = Problem{Status: res.StatusCode, Title: http.StatusText(res.StatusCode)}
 	}
-	if !retryable(res.StatusCode) {
+	if !retryable(&p.Problem) {
 		return nil, &p
 	}
 	return nil, &transient{err: &p, after: retryAfter(res.Header.Get("Retry-After"))}

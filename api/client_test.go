@@ -404,3 +404,23 @@ func TestTensorsFollowsPages(t *testing.T) {
 		t.Errorf("%+v %v", list, err)
 	}
 }
+
+// A server failure whose problem says "retryable": false (stored bytes that fail their signature)
+// fails the same way every time: sent once.
+func TestPermanentServerFailureIsNotRetried(t *testing.T) {
+	var n atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusBadGateway)
+		w.Write([]byte(`{"type": "urn:shardsrv:problem:integrity-mismatch", "title": "t", "status": 502,
+			"retryable": false}`))
+	}))
+	t.Cleanup(ts.Close)
+	c := api.NewClient(ts.URL)
+	c.Backoff = time.Minute // a retry would hang the test
+	var p *api.ProblemError
+	if _, err := c.Checkpoints(context.Background()); !errors.As(err, &p) || p.Status != 502 || n.Load() != 1 {
+		t.Errorf("sent %d times: %v", n.Load(), err)
+	}
+}

@@ -167,8 +167,33 @@ func toProblem(err error) *Problem {
 	}
 }
 
+// permanent are the server-side problems (5xx) that fail the same way on every attempt: bytes that
+// fail their signature, a checkpoint that cannot be served verified, a store denying access, and
+// the server's own bug.
+var permanent = map[string]bool{
+	"integrity-mismatch":    true,
+	"unverified-checkpoint": true,
+	"store-access-denied":   true,
+	"internal-error":        true,
+}
+
+// retryable says whether the same request may succeed later (the problem's "retryable" member,
+// which the clients obey): a time-out, a conflict with a file replaced mid-read, overload (408,
+// 409, 429), and server-side trouble but the permanent kinds. Any other 4xx is the request's fault.
+func (p *Problem) retryable() bool {
+	switch {
+	case p.Status == http.StatusRequestTimeout, p.Status == http.StatusConflict,
+		p.Status == http.StatusTooManyRequests:
+		return true
+	case p.Status >= 500:
+		return !permanent[p.Slug]
+	}
+	return false
+}
+
 func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
-	body := api.Problem{Type: problemType(p.Slug), Title: p.Title, Status: p.Status}
+	retryable := p.retryable()
+	body := api.Problem{Type: problemType(p.Slug), Title: p.Title, Status: p.Status, Retryable: &retryable}
 	if p.Detail != "" {
 		body.Detail = &p.Detail
 	}

@@ -7,8 +7,10 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -127,6 +129,22 @@ func TestTamperedCheckpointThroughHTTP(t *testing.T) {
 		case res.StatusCode != http.StatusOK && (res.StatusCode != http.StatusBadGateway ||
 			!strings.Contains(string(got), "integrity-mismatch")):
 			t.Errorf("byte %d flipped: %d %s, want 502 integrity-mismatch", at, res.StatusCode, got)
+		case res.StatusCode != http.StatusOK:
+			// The same bytes fail the same way on every attempt: the problem says so, and the
+			// client, which retries a 502 otherwise, sends the request once.
+			var p api.Problem
+			if json.Unmarshal(got, &p) != nil || p.Retryable == nil || *p.Retryable {
+				t.Errorf("an integrity-mismatch must say retryable: false: %s", got)
+			}
+			var logged bytes.Buffer
+			c := api.NewClient(h.url)
+			c.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+			var perr *api.ProblemError
+			if _, err := c.FetchBytes(t.Context(), &req); !errors.As(err, &perr) ||
+				perr.Status != http.StatusBadGateway || logged.Len() != 0 {
+				t.Errorf("the client on an integrity-mismatch: %v, logged %q; want the problem, not retried", err,
+					logged.String())
+			}
 		}
 	}
 }

@@ -44,7 +44,9 @@ log = logging.getLogger("shardsrv")
 
 # Statuses another attempt may cure: a time-out or overload (408, 429, 503, 504), storage trouble
 # (502), a checkpoint file that changed under the request (409: the next attempt reads the new
-# version). Any other 4xx is the request's fault and fails the same way every time.
+# version). Any other 4xx is the request's fault and fails the same way every time. A 5xx problem
+# whose "retryable" member is false (bytes that fail their signature, a store denying access) is
+# not retried either; the server decides that, as for the Go client.
 RETRY_STATUSES = frozenset({408, 409, 429, 502, 503, 504})
 
 _CHUNK = 4 << 20  # bytes read at once: the unit of progress reports
@@ -53,9 +55,10 @@ _CHUNK = 4 << 20  # bytes read at once: the unit of progress reports
 class ProblemError(Exception):
     """An RFC 9457 problem the server answered with."""
 
-    def __init__(self, status, title, detail=None, errors=None, type_=None):
+    def __init__(self, status, title, detail=None, errors=None, type_=None, retryable_member=None):
         self.status, self.title, self.detail = status, title, detail
         self.errors, self.type = errors or [], type_
+        self.retryable_member = retryable_member  # the problem's "retryable"; None when it has none
         self.retry_after = None
         lines = [f"shardsrv: {status} {title}" + (f": {detail}" if detail else "")]
         lines += [f"  {e.get('pointer')}: {e.get('detail')}" for e in self.errors]
@@ -63,7 +66,7 @@ class ProblemError(Exception):
 
     @property
     def retryable(self):
-        return self.status in RETRY_STATUSES
+        return self.status in RETRY_STATUSES and (self.status < 500 or self.retryable_member is not False)
 
 
 class ShortBodyError(Exception):
@@ -331,7 +334,7 @@ class Client:
             except ValueError:
                 p = {}
             err = ProblemError(p.get("status", e.code), p.get("title", e.reason), p.get("detail"), p.get("errors"),
-                               p.get("type"))
+                               p.get("type"), p.get("retryable"))
             err.retry_after = e.headers.get("Retry-After")
             raise err from None
 

@@ -553,6 +553,15 @@ class RetryPolicy(unittest.TestCase):
             with self.assertRaises(ValueError):
                 shardsrv.Client(url)
 
+    def test_a_server_failure_that_says_it_is_permanent_is_not_retried(self):
+        body = {"type": "urn:shardsrv:problem:integrity-mismatch", "title": "scripted", "status": 502,
+                "retryable": False}
+        s = self.serve((502, {"Content-Type": "application/problem+json"}, json.dumps(body).encode()))
+        c = shardsrv.Client(s.url, attempts=5, backoff=60)  # a retry would hang the test
+        with self.assertNoLogs("shardsrv", "WARNING"), self.assertRaises(shardsrv.ProblemError) as ctx:
+            c.checkpoints()
+        self.assertEqual((ctx.exception.status, len(s.paths)), (502, 1))
+
     def test_backoff_is_jittered_on_top_of_retry_after(self):
         s = self.serve(problem(503, "2"), problem(503), problem(503))
         c = shardsrv.Client(s.url, attempts=4, backoff=0.1)

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"syscall"
 	"time"
 
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -32,6 +33,10 @@ const (
 	DefaultMaxInFlight = 64
 	DefaultReadTimeout = 30 * time.Second
 	DefaultRetryBudget = 60 * time.Second
+	// RefusedBudget is the part of the retry budget a refused connection gets: nothing listens at
+	// the endpoint, which a restart mends in seconds or a wrong endpoint never does, so retrying
+	// it for the whole budget only holds the request (and the clients that retry it) for a minute.
+	RefusedBudget = 2 * time.Second
 )
 
 // RegisterFlags registers --NAME-max-in-flight, --NAME-read-timeout and --NAME-retry-budget on fs,
@@ -153,7 +158,8 @@ func (e *bodyError) Unwrap() error { return e.err }
 // full-jitter backoff while the error is transient and the retry budget lasts. Its errors name the
 // store and key and wrap the sentinels; a cancelled ctx returns ctx.Err() as it is.
 func (r *Reader) Do(ctx context.Context, key string, attempt func(context.Context) error) error {
-	deadline := time.Now().Add(r.cfg.RetryBudget)
+	start := time.Now()
+	deadline := start.Add(r.cfg.RetryBudget)
 	backoff := 50 * time.Millisecond
 	for n := 1; ; n++ {
 		select {
@@ -174,6 +180,9 @@ func (r *Reader) Do(ctx context.Context, key string, attempt func(context.Contex
 		}
 		if timedOut && !errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: %v", context.DeadlineExceeded, err)
+		}
+		if refused := start.Add(RefusedBudget); errors.Is(err, syscall.ECONNREFUSED) && refused.Before(deadline) {
+			deadline = refused
 		}
 		if !r.transient(err) || time.Now().Add(backoff).After(deadline) {
 			if n > 1 {

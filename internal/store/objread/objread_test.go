@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -140,6 +141,34 @@ func TestDoStopsAtTheBudget(t *testing.T) {
 	}
 	if took := time.Since(start); took > time.Second || n.Load() < 2 {
 		t.Errorf("%d attempts in %v, want several within the 300ms budget", n.Load(), took)
+	}
+}
+
+// A refused connection (nothing listens at the endpoint) fails within seconds, not the budget.
+func TestDoGivesUpOnARefusedConnectionSoon(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	r := testReader(time.Hour)
+	r.cfg.Transient = func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+	start := time.Now()
+	var n atomic.Int64
+	err = r.Do(context.Background(), "k", func(ctx context.Context) error {
+		n.Add(1)
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if !errors.Is(err, syscall.ECONNREFUSED) || n.Load() < 2 {
+		t.Errorf("Do = %v after %d attempts, want the refusal after a few", err, n.Load())
+	}
+	if took := time.Since(start); took > time.Minute {
+		t.Errorf("a refused connection was retried for %v of the hour's budget", took)
 	}
 }
 
