@@ -66,6 +66,10 @@ func Versions() map[string][]string {
 	return out
 }
 
+// MaxVersionLen bounds engine_version, the one string field a layout reads: release lines are
+// short ("0.29"), and an unknown one is quoted back in the problem's detail.
+const MaxVersionLen = 16
+
 // lookupRelease resolves a request's engine_version for an architecture. Empty is the newest line
 // that lays the architecture out (the oldest line of each engine refuses none), so a request that
 // names no line gets the newest rules the server has for its model, and the table says which.
@@ -76,6 +80,11 @@ func lookupRelease(engine, version, arch string) (*release, error) {
 			return nil, &Error{"/layout/engine_version", fmt.Sprintf("%s layouts are not versioned", engine)}
 		}
 		return &release{}, nil
+	}
+	if len(version) > MaxVersionLen { // not echoed back: a detail never carries unbounded input
+		return nil, &Error{"/layout/engine_version", fmt.Sprintf(
+			"a release line is at most %d characters; this server lays out %s", MaxVersionLen,
+			quoted(Versions()[engine]))}
 	}
 	for i := len(rs) - 1; i >= 0; i-- {
 		r := &rs[i]

@@ -43,6 +43,10 @@ func TestVersionsDefaultAndUnknown(t *testing.T) {
 	if !ok || e.Pointer != "/layout/engine_version" || !strings.Contains(e.Detail, `"0.10", "0.29"`) {
 		t.Fatalf("unknown version: %v, want a 422 at /layout/engine_version listing the known ones", err)
 	}
+	_, err = Build(Spec{Engine: "vllm", Version: strings.Repeat("9", 1<<20), Parallel: Parallel{TP: 1, DP: 1}}, cfg, infos)
+	if e, ok := err.(*Error); !ok || e.Pointer != "/layout/engine_version" || len(e.Detail) > 200 {
+		t.Fatalf("a 1 MiB version: %.300v, want a short 422 at /layout/engine_version", err)
+	}
 	_, err = Build(Spec{Engine: "megatron", Version: "0.10", Parallel: Parallel{TP: 1, DP: 1}}, cfg, infos)
 	if e, ok := err.(*Error); !ok || e.Pointer != "/layout/engine_version" {
 		t.Fatalf("a versioned megatron layout: %v", err)

@@ -38,6 +38,11 @@ func TestEngineVersionsThroughTheServer(t *testing.T) {
 		res := h.do("POST", route, map[string]any{"checkpoint": "qwen3",
 			"layout": map[string]any{"engine": "vllm", "engine_version": "0.30"}})
 		wantProblem(t, route, res, "/layout/engine_version", `"0.10", "0.29"`)
+		res = h.do("POST", route, map[string]any{"checkpoint": "qwen3",
+			"layout": map[string]any{"engine": "vllm", "engine_version": strings.Repeat("9", 1<<16)}})
+		if res.status/100 != 4 || len(res.body) > 4096 {
+			t.Fatalf("%s: a 64 KiB engine_version: %d, %d bytes", route, res.status, len(res.body))
+		}
 	}
 	for _, tp := range []int{1, 2, 4, 8} {
 		for r := range tp {
