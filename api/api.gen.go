@@ -291,6 +291,9 @@ type FileList struct {
 // Health defines model for Health.
 type Health struct {
 	Status string `json:"status"`
+
+	// Store The store's state as /readyz?verbose last checked it.
+	Store *StoreHealth `json:"store,omitempty"`
 }
 
 // Index defines model for Index.
@@ -441,6 +444,17 @@ type ShardRequest struct {
 // ShardRequestFormat defines model for ShardRequest.Format.
 type ShardRequestFormat string
 
+// StoreHealth The store's state as /readyz?verbose last checked it.
+type StoreHealth struct {
+	// Cache A cache serves what it holds while the store is unreachable: the server stays ready.
+	Cache     bool    `json:"cache"`
+	Error     *string `json:"error,omitempty"`
+	Reachable bool    `json:"reachable"`
+
+	// UnreachableSeconds How long the store has been unreachable.
+	UnreachableSeconds *float64 `json:"unreachable_seconds,omitempty"`
+}
+
 // TensorInfo defines model for TensorInfo.
 type TensorInfo struct {
 	// Dtype The safetensors dtype; dtypes outside DType are listed but cannot be served.
@@ -493,6 +507,12 @@ type TensorRequest struct {
 	Fill  *json.Number `json:"fill,omitempty"`
 	Name  string       `json:"name"`
 	Shape Index        `json:"shape"`
+}
+
+// ReadyzParams defines parameters for Readyz.
+type ReadyzParams struct {
+	// Verbose Present: the store's state in the answer.
+	Verbose *string `form:"verbose,omitempty" json:"verbose,omitempty"`
 }
 
 // ListTensorsParams defines parameters for ListTensors.

@@ -154,8 +154,9 @@ func TestDefaults(t *testing.T) {
 	if !*pod.SecurityContext.RunAsNonRoot || *pod.SecurityContext.RunAsUser == 0 {
 		t.Error("the pod must run as non-root")
 	}
-	if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
-		t.Error("probes")
+	if c.LivenessProbe.HTTPGet.Path != "/healthz" || c.ReadinessProbe.HTTPGet.Path != "/readyz" ||
+		c.ReadinessProbe.TimeoutSeconds <= 5 || env(c, "SHARDSRV_READY_STORE_GRACE").Value != "30s" {
+		t.Error("probes: /readyz's store check takes up to 5 s, and the store grace is passed on")
 	}
 	if env(c, "SHARDSRV_STORE").Value != "s3://models" || env(c, "SHARDSRV_SHUTDOWN_GRACE").Value != "25s" ||
 		env(c, "SHARDSRV_DRAIN_DELAY").Value != "5s" ||

@@ -47,6 +47,7 @@ type config struct {
 	tokensFile  string
 	grace       time.Duration
 	drainDelay  time.Duration
+	storeGrace  time.Duration
 	idleTimeout time.Duration
 	logLevel    string
 }
@@ -80,6 +81,9 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 		"after --drain-delay, how long in-flight streams may take to finish once the listener is closed")
 	fs.DurationVar(&c.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long /readyz answers 503 "+
 		"while new requests are still served, so load balancers stop sending first")
+	fs.DurationVar(&c.storeGrace, "ready-store-grace", server.DefaultStoreGrace, "how long the store may be "+
+		"unreachable before /readyz answers 503; with a cache (--cache-bytes) it never does, the cache serving "+
+		"what it holds")
 	return c, fs
 }
 
@@ -152,8 +156,9 @@ func (c *config) validate() error {
 	if c.cache.Bytes >= c.executor.MemoryBytes {
 		errs = append(errs, errors.New("--cache-bytes must be less than --memory-bytes"))
 	}
-	if c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 {
-		errs = append(errs, errors.New("--idle-timeout and --shutdown-grace must be positive, --drain-delay at least 0"))
+	if c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 || c.storeGrace < 0 {
+		errs = append(errs, errors.New(
+			"--idle-timeout and --shutdown-grace must be positive, --drain-delay and --ready-store-grace at least 0"))
 	}
 	if c.planner.MaxPlanBytes > c.executor.MemoryBytes-c.cache.Bytes {
 		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
@@ -226,16 +231,17 @@ func serve(args []string, stderr io.Writer) error {
 	executorConfig.MemoryBytes -= c.cache.Bytes // the cache takes its part of the budget up front
 	executorConfig.Tracer = tel.Tracer.Tracer("shardsrv/executor")
 	srv := server.New(server.Config{
-		Catalog:  checkpoint.New(st),
-		Executor: executor.New(st, executorConfig),
-		Planner:  c.planner,
-		Limits:   c.limits,
-		Tokens:   tokens,
-		Logger:   log,
-		Tracer:   tel.Tracer,
-		Meter:    tel.Meter,
-		Metrics:  tel.Metrics,
-		Cluster:  shared,
+		Catalog:    checkpoint.New(st),
+		Executor:   executor.New(st, executorConfig),
+		Planner:    c.planner,
+		Limits:     c.limits,
+		Tokens:     tokens,
+		Logger:     log,
+		Tracer:     tel.Tracer,
+		Meter:      tel.Meter,
+		Metrics:    tel.Metrics,
+		Cluster:    shared,
+		StoreGrace: c.storeGrace,
 	})
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {

@@ -60,12 +60,21 @@ func newMetrics(mp metric.MeterProvider, s *Server) *metrics {
 		metric.WithUnit("By"),
 		metric.WithDescription("Bytes of segment and read buffers held by streams"),
 	)
+	reachable, _ := m.Int64ObservableGauge(
+		"shardsrv.store.reachable",
+		metric.WithDescription("1 when the store answered the last readiness check, else 0"),
+	)
 	m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		if s.cfg.Executor != nil {
 			o.ObserveInt64(inFlight, s.cfg.Executor.BytesInFlight())
 		}
+		up := int64(0)
+		if s.store.reachable() {
+			up = 1
+		}
+		o.ObserveInt64(reachable, up)
 		return nil
-	}, inFlight)
+	}, inFlight, reachable)
 	return out
 }
 

@@ -61,6 +61,9 @@ type Config struct {
 	Metrics http.Handler
 	// Cluster, when set, is the chunk cache /v1/prefetch warms and the peer route serves (cluster.go).
 	Cluster *Cluster
+	// StoreGrace is how long the store may be unreachable before /readyz says not ready (zero: at
+	// once); with a cache it never does (readiness.go).
+	StoreGrace time.Duration
 }
 
 // Limits protect the service from requests that would take more than their share.
@@ -134,6 +137,7 @@ type Server struct {
 	metrics  *metrics
 	streams  chan struct{}
 	draining atomic.Bool
+	store    storeState // what /readyz last learned of the store
 }
 
 var _ gen.ServerInterface = (*Server)(nil)
@@ -1194,39 +1198,4 @@ func (s *Server) Metrics(w http.ResponseWriter, r *http.Request) {
 // Healthz answers while the process is alive.
 func (s *Server) Healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, api.Health{Status: "ok"})
-}
-
-// Readyz answers 200 while the store is reachable.
-func (s *Server) Readyz(w http.ResponseWriter, r *http.Request) {
-	if s.draining.Load() {
-		writeProblem(
-			w,
-			r,
-			&Problem{
-				Status:     http.StatusServiceUnavailable,
-				Slug:       "draining",
-				Title:      "The server is shutting down",
-				Detail:     "this instance takes no new requests",
-				RetryAfter: 1,
-			},
-		)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
-	if err := s.cfg.Catalog.Store().Check(ctx); err != nil {
-		writeProblem(
-			w,
-			r,
-			&Problem{
-				Status:     http.StatusServiceUnavailable,
-				Slug:       "not-ready",
-				Title:      "The store is not reachable",
-				Detail:     err.Error(),
-				RetryAfter: 5,
-			},
-		)
-		return
-	}
-	writeJSON(w, api.Health{Status: "ready"})
 }

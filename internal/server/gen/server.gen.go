@@ -28,9 +28,9 @@ type ServerInterface interface {
 	// Metrics Prometheus metrics
 	// (GET /metrics)
 	Metrics(w http.ResponseWriter, r *http.Request)
-	// Readyz Readiness (the store is reachable)
+	// Readyz Readiness (the store is reachable, or was within --ready-store-grace, or a cache serves)
 	// (GET /readyz)
-	Readyz(w http.ResponseWriter, r *http.Request)
+	Readyz(w http.ResponseWriter, r *http.Request, params ReadyzParams)
 	// ListCheckpoints List the checkpoints in the store
 	// (GET /v1/checkpoints)
 	ListCheckpoints(w http.ResponseWriter, r *http.Request)
@@ -73,9 +73,9 @@ func (_ Unimplemented) Metrics(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
-// Readyz Readiness (the store is reachable)
+// Readyz Readiness (the store is reachable, or was within --ready-store-grace, or a cache serves)
 // (GET /readyz)
-func (_ Unimplemented) Readyz(w http.ResponseWriter, r *http.Request) {
+func (_ Unimplemented) Readyz(w http.ResponseWriter, r *http.Request, params ReadyzParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -167,8 +167,27 @@ func (siw *ServerInterfaceWrapper) Metrics(w http.ResponseWriter, r *http.Reques
 // Readyz operation middleware
 func (siw *ServerInterfaceWrapper) Readyz(w http.ResponseWriter, r *http.Request) {
 
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ReadyzParams
+
+	// ------------- Optional query parameter "verbose" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "verbose", r.URL.Query(), &params.Verbose, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "verbose"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "verbose", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		siw.Handler.Readyz(w, r)
+		siw.Handler.Readyz(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -523,108 +542,111 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Hztcts4luirnOK9tyx1Ux9WnIwj1626dncynVtJJ5ukt7fW8toQeSShTQIcALTs7spz7APti22dA5Ci",
-	"JMqWM0lP78z8sSUBBA7O9xf4W5TovNAKlbPR+LfIoC20sshf3hk9zTCnj4lWDpWjj6IoMpkIJ7UaFH7G",
-	"t79YrWjMJgvMBX363wZn0Tj6X4PV+gM/agfVup8+fYqjFG1iZEHLRePoVMH7l9/B86Onf4KweD+iaeFZ",
-	"Wvos08k1Q5Kmkp4T2TujCzROEtwzkVncXPdFhjkqB7egZ+AWCFNa5MDCVN+CtFBo6zpWlybB86mwCN9C",
-	"onE2g/8HnVvogZ7NLDrbvej2ozgqGtv9FtH8h478SqV4G32KI16VZq/D91YhGL2EAg14MCCVOSortYpB",
-	"K4REZ2WueEKK1knFFFjNIrikw9zuDYq7KzAaR8IYcUffM1Rzt3jw+ddh2qc4CljZe0fCMk3eC8532rq3",
-	"RRugHkH0fC6VBycaH9bzrDNSzZlrDP6llAbTaHxeA7s6aL1S7GlYUeeiXkpPf8HE0Z5n+vZBlltni6+N",
-	"zgePt+MY7zLBsvr7QhtHunRF6S6nd87vONMmFy4aR1K5Z0dRDaxUDudoGo/4nfZ8ppCY+A324zKazihp",
-	"YTSDIt1/qfco0vaV9uDE9aNuYKs+VQVSG2m/W2ByXWip3GvpxWydwkk9vn6kDal5APbmKm1QfP+Rf9nU",
-	"by+PL18cvxlC582/gU1EhjaG0X90bO9w9KdulzQwHQyEhVmmhXsyOgGtsjsQCqpHg1pMtLpB4yw4DdKR",
-	"1kNV5gTa2du3r6M4+uk4iqNX9Oenw2f0kf/+9GREn/nvT8w6r/jvSx498/9e8vBLP3B8+eLozZPw6emb",
-	"Ufh0/GbYOPgKa9/jDA0j6VGG6RQsmhs0PStTOlxeZMiK3S2E4++lQ8smy6Gy2sDM6BxWZAg/W1DaGzVI",
-	"hJoov8sU+zArji954DLFv5RCuXFApYXzJcr5wkEnHBa0gXDaGM6NXtqY7I696MaeahPVeflkRNMIYzGc",
-	"JyizDk0cTIfdGPgrPTGYHnYvuhcngMHwdkwMCRF6ogKFO37zc3Nxnlx04ZuK8h3e6dwMpsOL82QwPaTd",
-	"AyJSkKqaB0KlFTdgSuzgFjhRHh0HFlIi0UkDcwcW7EIUSNxGv/r9D2wf3hKrrX4Cg3MiAW1AvzJAZJ7t",
-	"RPlNyRRbEOw9KMTUgjDILNyH/HZWHFW4hs68cD1tLeAtMYKNicedEcqSLkNjDyYqHOIy13hZiOQa08uK",
-	"qCzuBETebZCNyWmh89NxDOcvYvCUmhtdFjaGswvQZqLON3+tiMgPVqQ+fjOMVw6RPQgoWkq30KWDM6Lh",
-	"jchKIr3Ryxjm34zO4FuQLLSz4qij5HSaIcgYMr2E8G0mjXVEVBJyRl8PSNSb9AsDo6dPmS1+FD92T3hj",
-	"knqPrpV7wzAatGXmaGM6tT/ZN6Mzj4AL6DBeC20xJTRPVBPPYNCVRlmQrhsDZhZhDUPfjM4u+pBpIy5z",
-	"NHNsoPtnONeli0GqixhO4dz4jxN1FgbMxQX5lXwwz3e2wfkyhl8YWz+fy4vzXy7gW+iIrFiIgRHqmpBk",
-	"yxz0DRq4Bj2bqDOad30B38Dp+TU9ETfRxhi6pl+0SdGcAK0CKc5EmXm1aPoTteWl6oL+VrpySylEcbTG",
-	"uGScaly0KrxCGPGwUazU4js/u/be1m3QvX5cTMOv/NTDh0xrEa12aLVP6/A8zqVjqm0btxWiDizwnJOK",
-	"HnBIFqp2W1JdTjNc+S2qzKfebZlWQc360lt0IiXGYuN1/fl0GMP08GK14fnh6DiGw9HxxVpEsOU55VLJ",
-	"nJjhsM2LysVtwPioif5Ri48k1PUDKKEpKwBJkEUqCkfKD8wafvYB7lMLVV+ouVT4Wtzp0j3aALP86Blp",
-	"HalmaFAlCMgr9uEj6X+20Ctd3LC+B5ZM0EzO+xQCs8Xg2Xai8FYkLtgVlhWkE/NXvzgsdJZaqGw9gRGD",
-	"EjmyH9SYR795IxADimQxURQQBncgxLP09IFdbeT1+Bhm2sAkusmyfBLFsKSNbl6/fnNg4cNCmBTTD044",
-	"fK1FimairLhBy89Ua8ZQqhTD95KMR7UhZkiBckYQekAvb9CwrmaAJ6qT6sQO/Jjt5ylk0jrbfNrWNlaY",
-	"ZCEdJq40fg86aLdNkaXCiUs6Z5Zhdmnlr8HdZO5ijnkkr6fF5YqJwyrD+1YZtq7iguMrsuztLBqfP6AX",
-	"2U/+dLHJjsRvvFSTAUxJdktBx3tdLw+fsfl+Muqui9UaXzptksUlr9WHfyHdIX/FNLg4Fq4RC3pIGtsn",
-	"+FGJaYaX3u7W+F1DSqv8fCjYcw/ujTdjH9/BLXz/jhmIALeOpugZ2CKTzkk1B7xBc1dZ+ekdfHzXX6nF",
-	"qdYZ+kDKY6BpuoiXiRo4F85o1Wqb1vlxWz19rHFL6qnJycuFthWns+so2J3RWaaXFjqTaNgfPSdRok+H",
-	"w0nE0kIi1T0hr3tFDIVLtM6v6lZaJBN3FnTp+nAKlbw0hlON5Mo7uFZ6SU6DmKij0YhFh/BGU2lIgSah",
-	"gjcBDbSuLp13ROn5sDamXoZycVtb2GctGPPa5IvKlfsCcrVh3gM3tBn2lxKz9IUx2myHvik6IbPWYJel",
-	"Bc02i5zC///w9kcI4yCVDzCAwCG6TnV6F4MtkwVp60Fw2AfDgXekB6MBJ5MaXL0jL1VBEFdgtp8uw1dq",
-	"prfPRrq29WQVBR/MmWzAwwuGx3eB8lCGoRWgmcwqcmzKYiOcneksRYrVeDpot2DrQ8bZWbBihlVsFEyH",
-	"JOKkeBtDWYQoEAh4SESxd1K0xu/++Y+oOlEbkn5AkZGsbaLIOuHKtrTLxjZhXtvSPqHW9J4faak2PTjv",
-	"Nr33fP1Ij/gBkme1R3Yf8te8t3sRHtZrQ0t1Cl+/2KHyb4tMJtIFrS6C0qTfhSLfTp/Au7cfPgJN0TC4",
-	"ORxY8pIsibjkwFMbwFQ6TLfrAA/gYh+b9BhTJKYWWV4MlKrW9sGs2W6L4qm0/P4pzY88v2KNR8lGtVUr",
-	"rVbJ5s8NUDaZeJXHbUVsIYwjB4QcZx85ScUZN0596NuWqk57QMbSt1ZEIsdsLcnkDUC/NTv9+DR7rtMW",
-	"bk6lwcTBcoEquFI3wtyRg7DKmCxFdm1BbNWTCHrSpeREcDLBOizgkPWp0lwKA10A1/nQnsBcsA5mTbyU",
-	"Fps5Vw9HFEd+Uqsz9thCwaq8c7+O9BRqFHHa8uqMvjYeJF5paosNPV3muTB3D1YPMqE+hKmfLV571Qwq",
-	"gO4XrCY8254CYorpqgCz4cd7LuFRb0NJ80GKBSqOUscckkFnqm9jz+Nd9vYzURxYSNk/TVzFbSH7ZVvD",
-	"+52Vnh2wnTFQdaS7hKpMzV7YnltQmHL/BhypZ0LBDF2yoEDY6Bys00bMEcSM/MBEiwxtItX8MdsGp7EN",
-	"7WH1VXKBIcjFNe6Hu80E2HrdaI3mazjYhKyVnXwJ9nEuQR0I7xH+xhtpSYVzktkyi2LakhTNbRHFUSKs",
-	"a9UtnJpuKacXaEid6RnkZcaaTaTpXqm47YRiK2YMMpO8XSpsCTgeU+RMFqW63nfyTGZZU4b3Ea0KxDZ3",
-	"g1s5yGaR1/HT+9fe0bFQoE+Zk8RLdwKTyGI2m0Te4jTiVU5NVNUCfurhiMdDVJ88jiqOXDvdfWjfrbh3",
-	"CPhHjhN4cE+5fcCbW1FtfaPvRMLxDI2uxYss4Hvu/RlUDo/sBKsCSFooAhJ9ybWp43y1jA29hSUaiqGS",
-	"BaYxub1TJPfC7wMio4f3Vb1M8Baofl7QHm6FMJ+8WPqOF1TO3HHDS+BTnyfVS2XB6hyhw8ehqSKjv2ts",
-	"2N079luX5bZ+E0y0Slvg/0EvIdMhK1Oj1Wl9/TmqZs193iUb9e9rPLKCsUZ2u/jUDV17J0jQmMe4NI00",
-	"TAsmpbJOqKQ9YWHQmTuKcVoZJeQBEKzIV1KVizuwZZIgppAJh2bsfRIt0hiczLGnS2fj2og7w7SIQXB+",
-	"YaKItUSCKSwXMkMK8pbChkruSzJvHGBx3nwmZGZXICzFXXC9aZ9xU9gP7IRTdD4Z2BFwdHsL09LB0fA4",
-	"hqPhc7ZIR6PnXQ8ZprXfFfYJiQ0r50q40hDAE9Us+nN3gFBKO5gGZZzCDRo5k1z99Ov6eSkqiRZEkqC1",
-	"ffguk0QyYHzTuqHRzndcsIL3sa4zJfrs4XZediuR0YzNpMvwntaShxx7Hq2Wie/LhdQtN1scTdRtT0mE",
-	"LOh+tnP/zqONM/D+9QL1tm2H4ELMvumXjbbGUGMi7adncBVigyvo+BJ6I9vRZZ678hmPMKHOgHOhx2dB",
-	"mBcbFr77UKJjM23qE3jQucY71onyttuoIXm2NFq7mCA+P+39u+j9Ouw971/2LsDivI4atvOHgQSNdHJk",
-	"xLIRjfpvjRxhq8/4OUmpL5A62V3EjqPb3lz36LeevZZFTxee/r06O02ieI+9aGMrD0B70rj20bd9wmaG",
-	"NbTQ+I4GIE0qUwT23dlUZ9I64pdyWxe1U3CXUO5OYi9EgZ/XEBny2GnQJn6lAMNufH1WZlvhrbssxBwv",
-	"nb7GlhTUO4OcrGPlmrNiDij26bwTKITlFKOwcLVa6eoLZvEen96+L9PQSF1s++D69hEdmFVLaou7sIMt",
-	"2gntd90N6+cluH0yb//DcE6q5SiPxskDfS9kCVYNh/t04KwVqfeKzcnF3Oblf6WQm3T3VN/WaZ5G9yH5",
-	"X/akdsalq2q9oR8qLy3rCZ6IaR/IiK/aJYSFpZHOoRr7jgy2rxx3gBPXIU2zXOgM4dWzI4pMfnp2RCZs",
-	"vu6sBC+7oVyjcfSL1ar/Y911UzHYA/1HX14L7WJWH22URrq7D7RuYEIUpi2Gfx82Al1lgY0uHbJCHiy4",
-	"BPVrDAMO1X5l+z/I0RmZ2N1xPPR6onSLHusf2yN1SUqIT8k+oIelhnzhXOFvcshgajYSXNwOAwZzURSY",
-	"Vm0roa7io8+GyWn0F/fhFBL2VbkoY6tcfZ0K5C7X+iZEtYJ0obGmai3hrUP1pOPluesdYyvuGBMGA/oa",
-	"601UxbCJzkMu8KTGmEyqlJ2uekfJg/dsyDCEtlCVgnUGRW5hKpJrCGw+UfRIE3yfm4APiPD+xen3b170",
-	"87TuxPGiZTEXyhH1qqPxnt6f8byfyQRDXsTzdnRaUAjfG/WHDdc88ug3N1Ec1QWp6LA/9LN0gUoUMhpH",
-	"T/rD/hNyAEWoWlRsRZ/n3jUmdclneJVSTBzG4/W7RKPh8J57RI+7PxSKqy3Xh7jUYzTFOdw7kckbDPeH",
-	"qqx49FreoEJr+edKHnYe500Yf/A4Dm/doMiE3DjIpu3agjnsUJWR3hmdU7BbWqAlwXu93KJzNDzahZoa",
-	"uMblquahG6tWJ+bje9Ww8/Tv/fDfhJbvfYLpUxw9HT753HPTIpKoDZ1V9CFDZpPDIo+Hm8PBxv2IVnyQ",
-	"d/hdY95XRMzGdY4WBK1m+Ia7wCOHj8AV4Xb0yPmfzYN0jo02tZrrmTBtpBj8tvryaVC3kOykzkueEbqT",
-	"ueOSW/HubTkh7J0A2kQUCAeDA/JB/s/oJScQaTopv6hyFtZd5JWppwgtvkfuL74ir9QtOTtUIqMtsMfw",
-	"UeR+LDs9TkX9/uwn1nskbS6yLHQadXwjbwzs+chf0cQwRxUYLLT5dvfk0cFv9O/TTlb9MzKn/hEZNW5J",
-	"6cgMq/KrT+/wNRZ/1NDV6+9itYARMmFfS1J04tD1vI+1LjF1ym4qVSidP2SLK2E5sN4fixv3UUTi4DsP",
-	"Q88HC39IiToaPn/c/MMnf1SJfc9dwz61uVtwa4kMHbCcjwgXjdeF7p227nWY5BkSrTvT6d0XU8TrrXSf",
-	"1oNBzuF9RSuw0QG3g705DvqDcu7xV+Xco8Onj5s/Gn1lyXjye0nSC07tQ53zrxof667mVa0gRNE+XJYO",
-	"rOPWyJk2taAVVdZvp5RxQu/riNhateR3lrC1nrFd4Wcm1D/F6x9LvIgvQISOuao0XSVADYeg8yrxlQon",
-	"VpIUegaa0rTBUpzy3Fx7u7wH2oCoy3sncOW9nysKduVcaYNpl9s41uvIvnFipk1IgHFCKfSHsnWNOdc0",
-	"k1lmw5Rk1eFC+oGzYONwL83/Wt/W3ezakO6evKNvOfJ3xpKstA5NPyegrZ4o4W899gih1gnjLCyFyfvw",
-	"o3YLwq60Ic+GKSfafKpOKLtEU+X5hC/uVy0sKp2oRdXBwR3f+roPwdv1BfaFUHNMOZUER8Pn7PUSslad",
-	"4T7t1qIBK8r+HWrBzSasFk34M6FvrSvGY/3vQzN+ZRf7H1iT/ixM7nNErGVYMTT7w9b1oFdooRi00mqx",
-	"V0q1lvWSulvHXhmxvPJXZbnhMWhqqWp9yzft49WMoCF9MaK6iR9XBYoDW9fFJopW0cteLn7RppqXSecy",
-	"7KFKpVDx1gUCf/+zc/b27euxv7Fw5zCGIZ32sNufqKtGxeRqTFhpVFBYfS10xkancVG4QMMlu47dKjFw",
-	"+pAWfhGuEmQy9VkPbSARTmR6DtwI5lVh1TA0xZkODXz8wgcG9CQ0H4k5citTaXCifPM0TVygSOv2Qi6K",
-	"i6k24VpwopXCxPFLr6wO+EzvWLsvtHExKDJCsDRazfsTNVGvlMO5ke5uHMzTaDgE7livInd+n9jTJ0O4",
-	"eo+F6X0v52jdmBipN3r67P+Oz04/vHh2NL6CHz5+fAfOCJmhiX2B5sMPpzSpvu/Bd/7qd5HULWNVhcf7",
-	"2EqXKvFtNFcf/XJjaOx91Z+oU+WPjVV5KBwsEcZILiD14S39QEANDvuHICrQQmWplgpMw/tE0ExUoons",
-	"MYGWLABvk6xM0cLVeuLialwfh3iVUxu+QSm8G0URT16xkakemaiOyJZkSIlo3RN/05fBG8FUu0VNWREI",
-	"y/SpS3gpJplUoXybMiJW4l3JmV8Crn4WyvVayTXk1qWJIqoePz86hFQyvwhzx2mCbK6NdIvcGx6+y29J",
-	"dHIUigRiEintuBWuYL9pEp1wLyBmaWiW02gn3MtSCGOx6T/5twE4I1Ls6dlsDAth2fnwFGl4UFJBjrk2",
-	"d8zG1TEnKpyb2LtZLgzte5YoPF84XxUVkOlE+CSHbw9xC6PL+QIETMvZDA10/IvhiruufzEN66bAT4m2",
-	"zlYMfGC5STEmpisdDPvPwL+/ht09FV4wZxA6h/0/wZ/PBuG1BDhRU1TJIhfmGnKRLKTCE2AXrf6db/bn",
-	"KCzf3F8V5wkA0k2H8Gd5BuHCklffwk3UsP/sv/7T6z1/rKJ0lZwFXgnJHwVuqRk8y/fd/Rhr2zuYa48t",
-	"FzJ34LQXXauTa+Sr5RZVykMdpRlbJ3DV6yndqwau6FcZXrHQbdSNwyWTheBr2JtC5NkhE9bV18uEV1es",
-	"1ho7s9+Yh6vCrAS15SwWwzhRnpyWtXbsC5csaQxWWqvCkJmsbo3L8O4Jw2+MqBVskLeFsBPFHd5VodhL",
-	"rkeXdHzMhgIPyoCPQ7N3ObYfvDH9n+DW/jWp4XhtpRuV9ptthV8iz7xV/I9D02+liRU0FXA1Wpmk4DQ0",
-	"lGRlIPpRHAVdTOCtc217019FfJ5yAuFqaR2rpY317coq6zUD1QnWqFu3i4h9G2eb57wXwKapioOUeLdM",
-	"VHzvtL/9zf6ZV5PE6Sk60j/C+xH1vbHHwRmseYsH2TTvUKoMrW0KY63QGtjs3GvlNrC4xVH/DKP+GUbt",
-	"DqM+eB+g4VqRP9ponYKWzqk6XmpouVC83BDIqldL5+zqUPhQhTZXmcyluwJBskY+B3TqV2ENh8NhTCO5",
-	"tuHrsNuH09rSkuUWfPWA/C+3sq5zrD3jq41m26vxrt7ZunuKnpgoGolXLiff4VjFjH34yA1v/jACCm25",
-	"RbTSs80zWk0T6juh3t9oJNWqtBGZJalKtA3rzAfixSyiajOyr6V1AcPb5WGur/6lRDYzX7jO+4aoUnfR",
-	"qfDiqvkmBbt1nXcDDqb8mtbKxW24ws+0fui9Xm2Kf4vcFQMXBm+kLi2DWJusiuQ+HKWhXdA22rX/Vm0b",
-	"jY7ztldhe+SH466/2skT6Y+ZTPvqWvSvb0CqmHyjrhzXYl0pL0+XqiOXJJC4tGrHPb8g9vCJbC+epclC",
-	"S+x4MODwjTz98fHweBh9uvj03wEAAP//",
+	"7Dztdts4dq9yD9seSzPUhxUn68inp41nkp30JJM0H52eWq4NkVcSxiTABUDLnjl5jj5QX6znXoAUJVG2",
+	"nE1mp7v7x5ZEELi431/Ar1Gi80IrVM5G418jg7bQyiJ/eWv0NMOcPiZaOVSOPoqiyGQinNRqUPgR3/5s",
+	"taJnNllgLujTPxqcRePoHwar+Qf+qR1U83769CmOUrSJkQVNF42jZwrevfgOnh49/gOEyfsRDQvv0tSn",
+	"mU6uGJI0lfSeyN4aXaBxkuCeiczi5rzPM8xRObgBPQO3QJjSJAcWpvoGpIVCW9exujQJnk2FRfgWEo2z",
+	"GfwrdG6gB3o2s+hs97zbj+KoaCz3a0Tj79vyS5XiTfQpjnhWGr0O3xuFYPQSCjTgwYBU5qis1CoGrRAS",
+	"nZW54gEpWicVU2A1iuCSDnO7NyjutsBoHAljxC19z1DN3eLe91+FYZ/iKGBl7xUJyzR4LzjfauveFG2A",
+	"egTR+7lUHpxofFiPs85INWeuMfinUhpMo/FZDexqo/VMsadhRZ3zeio9/RkTR2ue6pt7WW6dLb42Ou/d",
+	"3o5tvM0Ey+pvC20c6dIVpbuY3jq/4kybXLhoHEnlnhxFNbBSOZyjabziV9rznUJi4hfYj8toOKOkhdEM",
+	"inT/qd6hSNtn2oMT17e6ga16VxVIbaT9boHJVaGlcq+kF7N1Cif18/UtbUjNPbA3Z2mD4vsP/Mumfntx",
+	"fPH8+PUQOq//E2wiMrQxjP67Y3uHoz90u6SBaWMgLMwyLdyj0Qlold2CUFC9GtRiotU1GmfBaZCOtB6q",
+	"MifQTt+8eRXF0cfjKI5e0p+Ph0/oI//9+GhEn/nvR2adl/z3BT899f9e8OMX/sHxxfOj14/Cp8evR+HT",
+	"8ethY+MrrH2PMzSMpAcZpmdg0Vyj6VmZ0ubyIkNW7G4hHH8vHVo2WQ6V1QZmRuewIkP42YLS3qhBItRE",
+	"+VWm2IdZcXzBDy5S/FMplBsHVFo4W6KcLxx0wmZBGwi7jeHM6KWNye7Y827sqTZRnRePRjSMMBbDWYIy",
+	"69DAwXTYjYG/0huD6WH3vHt+AhgMb8fEkBChJypQuOMXPzPnZ8l5F76pKN/hlc7MYDo8P0sG00NaPSAi",
+	"BamqcSBUWnEDpsQOboET5dFxYCElEp00MHdgwS5EgcRt9Ktf/8D24Q2x2uonMDgnEtAC9CsDRObZTpRf",
+	"lEyxBcHeg0JMLQiDzMJ9yG9mxVGFa+jMC9fT1gLeECPYmHjcGaEs6TI09mCiwiYuco0XhUiuML2oiMri",
+	"TkDk3QbZmJwWOh+PYzh7HoOn1NzosrAxnJ6DNhN1tvlrRUR+sSL18ethvHKI7EFA0VK6hS4dnBINr0VW",
+	"EumNXsYw/2Z0Ct+CZKGdFUcdJafTDEHGkOklhG8zaawjopKQM/p6QKLepF94MHr8mNniR/Fj94QXJqn3",
+	"6Fq5NwyjQVtmjhamXfudfTM69Qg4hw7jtdAWU0LzRDXxDAZdaZQF6boxYGYR1jD0zej0vA+ZNuIiRzPH",
+	"Brp/gjNduhikOo/hGZwZ/3GiTsMDc35OfiVvzPOdbXC+jOFnxtZPZ/L87Odz+BY6IisWYmCEuiIk2TIH",
+	"fY0GrkDPJuqUxl2dwzfw7OyK3oibaGMMXdEv2qRoToBmgRRnosy8WjT9idryUnVBfytduaUUojhaY1wy",
+	"TjUuWhVeIYy43yhWavGtH117b+s26E4/LqbHL/3Qw/tMaxGtVmi1T+vwPMylY6ptG7cVog4s8JiTih5w",
+	"SBaqdltSXU4zXPktqsyn3m2ZVkHN+tRbdCIlxmLjdf3ZdBjD9PB8teDZ4eg4hsPR8flaRLDlOeVSyZyY",
+	"4bDNi8rFTcD4qIn+UYuPJNTVPSihISsASZBFKgpHyg/MGn72Ae5TC1Wfq7lU+Erc6tI92ACz/OgZaR2p",
+	"ZmhQJQjIM/bhA+l/ttArXdywvgeWTNBMzvsUArPF4NF2ovBGJC7YFZYVpB3zVz85LHSWWqhsPYERgxI5",
+	"sh/UGEe/eSMQA4pkMVEUEAZ3IMSz9PaBXS3k9fgYZtrAJLrOsnwSxbCkha5fvXp9YOH9QpgU0/dOOHyl",
+	"RYpmoqy4RsvvVHPGUKoUw/eSjEe1IGZIgXJGEHpAL67RsK5mgCeqk+rEDvwz289TyKR1tvm2rW2sMMlC",
+	"OkxcafwatNFumyJLhRMXtM8sw+zCyl+Cu8ncxRzzQF5Pi4sVE4dZhnfNMmydxQXHV2TZm1k0PrtHL7Kf",
+	"/Ol8kx2J33iqJgOYkuyWgo73ul4cPmHz/WjUXRerNb502iSLC56rD/9OukP+gmlwcSxcIRb0kjS2T/Cj",
+	"EtMML7zdrfG7hpRW+XlfsOce3Btvxj68hRv4/i0zEAFuHQ3RM7BFJp2Tag54jea2svLTW/jwtr9Si1Ot",
+	"M/SBlMdA03QRLxM1cC6c0arVNq3z47Z6+lDjltRTk5OXC20rTmfXUbA7o7NMLy10JtGwP3pKokSfDoeT",
+	"iKWFRKp7Ql73ihgKl2idn9WttEgmbi3o0vXhGVTy0nicaiRX3sGV0ktyGsREHY1GLDqENxpKjxRoEip4",
+	"HdBA8+rSeUeU3g9zY+plKBc3tYV90oIxr02+qFy5LyBXG+Y9cEObYX8hMUufG6PNduibohMyaw12WVrQ",
+	"bLPIM/i3929+hPAcpPIBBhA4RNepTm9jsGWyIG09CA77YDjwjvRgNOBkUoOrd+SlKgjiCsz23WX4Us30",
+	"9t5I17burKLgvTmTDXh4wvD6LlDuyzC0AjSTWUWOTVlshLMznaVIsRoPB+0WbH3IODsLVsywio2C6ZBE",
+	"nBRvYiiLEAUCAQ+JKPZOitb43T//EVU7akPSDygykrVNFFknXNmedrFOm3vzyO9pUJh8E7Qwdxs4PgnX",
+	"9LgfaN02vT7var3zsvBAL/oeNslqL+4uRKx5fHcSKczXhpZqF77mscNM3BSZTKQLlkAERUu/C0X+oD6B",
+	"t2/efwAaomFwfTiw5FlZUguSg1VtAFPpMN2uHdyDi33s2EPMl5haZBkzUKraQgRTaLstyqqyDPunQT/w",
+	"+Io1HiRP1VKttFolqD83qNlk4lXutxWxhTCOnBZytn20JRVn6Thdom9aKkHtQRxL31rhiZy5tcSUNxr9",
+	"1oz2w1PzuU5buDmVBhMHywWq4H5dC3NLTsUqy7IU2ZUFsVWDIuhJ/5LjwQkI67CAQ9bBSnP5DHQBXBtE",
+	"ewJzwXqbtfdSWmzmaT0cURz5Qa0O3EOLC6uS0N3G1lOoUfhpy8Uz+tp4kHilqS02dHuZ58Lc3ltxyIR6",
+	"H4Z+tnjtVWeoALpbsJrwbHsXiCmmq6LNhu/vuYSfertLmg9SLFBxZDvmMA46U30Tex7vcoSQieLAQso+",
+	"beIqbgsZM9uaEthZHdoB2ykDVUfHS6hK2+y57bkEhTZ3L8DRfSYUzNAlCwqejc6BbLmYI4gZ+Y6JFhna",
+	"RKr5Q5YNjmYb2sPsq4QEQ5CLK9wPd5tJs/Va0xrN13CwCVkrO/my7cNcgjp43iNkjjdSmQrnJLNlFsW0",
+	"JCmamyKKo0RY16pbOJ3dUoIv0JA60zPIy4w1m0jTvdJ320nIVswYZCZ5s1TYEqQ8pDCaLEp1te/gmcyy",
+	"pgzvI1oViG3uBrd/kM0ir+Pju1fe0bFQoE+zk8RLdwKTyGI2m0Te4jRiXE5nVBUGfuv+KMlDVO88jiqO",
+	"XNvdXWjfrbh3CPgHji344Z5ye483t6La+kLfiYRjIHq6FmOygO+59mdQObyyE6wKIGmhCEj0ZdqmjvMV",
+	"Njb0FpZoKO5KFpjG5PZOkdwLvw6IjF7eV/UywVug+mlBa7gVwnzCY+m7ZFA5c8tNMoFPfW5VL5UFq3OE",
+	"Dm+HhoqM/q6xYXfveHFdltt6VDDRKm2B/we9hEyHTE6NVqf11eeomjX3eZds1L+v8cgKxhrZ7eJTN4Ht",
+	"nVRBYx7i0jRSNy2YlMo6oZL2JIdBZ24pxmlllJA7QLAiX0lVLm7BlkmCmEImHJqx90m0SGNwMseeLp2N",
+	"ayPuDNMiBsE5iYki1hIJprBcyAwpyFsKG6q/L8i8cYDFufaZkJldgbAUt8H1pnXGTWE/sBNO6/kEYkfA",
+	"0c0NTEsHR8PjGI6GT9kiHY2edj1kmNZ+V1gnJEOsnCvhSkMAT1SzUYA7CoRS2sE0KOMUrtHImeSKqZ/X",
+	"j0tRSbQgkgSt7cN3mSSSAeOb5g3Neb5LgxW8j3WdKdFnHLdzuVvJj2ZsJl2Gd7Sj3OfY89NqmviuXEjd",
+	"prPF0UTd9pREyJzuZzv371ba2AOvX09QL9u2CS7e7Jt+2WiFDHUp0n56BpchNriEji+7N7IdXea5S5/x",
+	"CAPqrDkXh3wWhHmxYeG79yU6NlOtPukHnSu8ZZ0ob7qNupNnS6O1iwnis2e9/xK9X4a9p/2L3jlYnNdR",
+	"w3bOMZCgkYKOjFg2olH/rZFXbPUZPycp9QVSJ7sL33F005vrHv3Ws1ey6OnC079XZ7RJFO+wF61s1Ugv",
+	"tnp/TIoDCyRfyIlvtum//Ms1mqm2CJmwzqdzMQ39WRuMQN5BGw/wg1A99cpTulAi9Xp2xQrSQqnY0SQu",
+	"HTd9S+vErdfFtzsKSlWJoMWWhAkbTxsvNla82M+6e2AXwsIUUTVB/hxTvwIvDkhso6BnofZSQR1ltdC1",
+	"kVcPjVO+jwXIFsoUgaMvdrYyaR1JfLltTdplcJda3V26WIgCP68NNlQv0mAP/EwBht34+qx6hsIbd1GI",
+	"OV44fYUtScS3BjndyuYxZ9MaUOwTsidQCMtJYmHhcjXT5RfMwz68qHFXrqiRfNqOovTNA/puq0bkFodv",
+	"B1u0E9qvuhvWzytR+HTs/pvhrGLLVh6Mk3u6nciWr9pM9+m7WmtN2Cu7QkHCNi//h8hK9hem+qZO1DV6",
+	"TsmDtid1OCVdVeEPXXB5aVlP8EBM+0Bu2KpJRlhYGukcqrHvw2EPiSNHcOIqJNqWC50hvHxyRLHlxydH",
+	"5ITM193NoDwb5jEaRz9brfo/1r1WFYPd03X25bXQLmb18WJppLt9T/MGJkRh2rIw78JCoKs8vtGlQ1bI",
+	"gwUb71/iyjCzBzfI0RmZ2N2ZGOj1ROkWPdY/tkfqkpQQ75LtoIelhnzhXOHP78hgajZSlN6MG8xFUWBa",
+	"NSuFypjPHzRMTqOrvA/PIOFog8tqtqq21Mlc7m2uz79UM9S+QtVQxEuH+lfHy3PXhzaWPIQlpxE8+hrz",
+	"TVTFsInOQzb3pMaYTKqkq646hikG82zIMIRmYJWCdQZFbmEqkisIbD5R9EoTfJ9dgveI8O75s+9fP+/n",
+	"ad1/5UXLYi6UI+pVW+M1vUfqeT+TCYbMluft6FlBHkJv1B82gqvIo99cR3FUlxSjw/7Qj9IFKlHIaBw9",
+	"6g/7j8hzE6HuVLEVfZ774IbUJe/hZUp+T3ger58gGw2Hd5wee9ipsbrq/amtZ6owmiJV7pjJ5DWGU2NV",
+	"XSN6Ja9RobX8cyUPO7fzOjy/dzsOb9ygyITc2Mim7dqCOaxQFQLfGp2jW2BpgaYE7xxyY9bR8GgXamrg",
+	"GkfqmptuzFrtmLfvVcPO3b/zj0OLL7ctcj9bq3czXrm6dVwQNiWUXSI3eBJ6oj+VyMWowKIhYqi0TCva",
+	"zv8i/PTORw+f4ujx8NHn4p4mkcRx0FkLXGo3nhOkS+H1r1TQ6zFZejyyNzci8UPEWmTU9RS8PhxsnOdp",
+	"pST5td81xn1FdG4cP2pB62qEbxAN3H34AAwTRUYPHP/Z0kP72GirrOXVN+u0kGLw6+rLp0Hd8rSTOi94",
+	"xD2ittEiRdg7AbSJKBAOBgfkPf3T6EUtaKS2V3K25tyvnBRnSvxLiV7dQrZDmTPaAnsMH0Tuh7LTw5Tr",
+	"b89+Yr2n1+Yiy0JnXMc3nsfAPpv8BU0Mc1SBwUJbendPHh38Sv8+7WTVPyJz6u+RUeOWdKLMsCr9+9Qi",
+	"H7vyWw1d6D431QJGyMJ+LUnRiUPX897husTUCaGpVKFt4z4vohKWA+s9ybhxfkokDr7zMPR8mPO7lKij",
+	"4dOHjT989HuV2Hfc5e7T6rsFt5bI0LHNmZRwMH5d6N5q616FQZ4h0bpTnd5+MUW83sb5aT2M5fzxV7QC",
+	"G92XO9jb+Xzp75Jzj78q5x4dPn7Y+NHoK0vGo99Kkp5zWQnqelPVdFt34a/qVCH+94G+dBSBqJTPMNWC",
+	"VlT5yp1SxqnIryNia5W631jC1voVdwXOmVB/F6+/LfEivgARujWrtogqdWs4cJ1XKbtUOLGSpNCv0pSm",
+	"DZbiZO3m3NulZR/ZVqXlE7j03s8lhchyrrTBtOvD37UeBt+0M9MmpO44FRZ6k9m6xpwlm8kss2FIsuqu",
+	"Iv3A+btxOEfpf61Pl292DEl3R8bUt7v5M45JVlqHpp8T0FZPlPCndHuEUOuEcRaWwuR9+FFTsD+nbXof",
+	"EFNOEZ40MiZVhlL4xpKqfUqlE7Wo6ot82kBf9SF4u765YyHUHFNOgsHR8Cl7vYSs1akEnzBs0YAVZf8K",
+	"teBmA2CLJvyJ0LfWkeWx/tehGb+yi/03rEl/Eib3OSLWMqwYmr2J63ow5PN8GWul1WKvlGot6yV1t469",
+	"NGJ56Y92c7Nt0NRS1fqWb4aIVyOChvRllOrmiLgqrRzYuqI3UTSLXvZy8bM21bhMOpdhD1UqhYq3Dq/4",
+	"88qd0zdvXo39aZlbhzEMabeH3f5EXTZqPZdjwkqj9sPqa6EzNjqNg+0FGi42duxWcYTThzTx83CMJZOp",
+	"z3poA4lwItNz4EYPrwqrZrUpznRoHuULShjQk9D4JubIbXSlwYnyjfs0cIEirVtbuZwvptqEY+yJVgoT",
+	"x5e0WR3wmd6ydl9o42JQZIRgabSa9ydqol4qh3Mj3e04mKfRcAh8WqKK3Pn+u8ePhnD5DgvT+17O0box",
+	"MVJv9PjJP49Pn71//uRofAk/fPjwFpwRMkMT+9LS+x+e0aD6rBGfUa3vzqnbFavalPexlS5V4lu4Lj/4",
+	"6cbQWPuyP1HPlN82VoWtsLFEGCO59NWHN/QDATU47B+CqEALNbFaKjAN99+gmahEE9ljAi1ZAN4kWZmi",
+	"hcv1xMXluN4O8SqnNnxzXLjLRxFPXrKRqV6ZqI7IlmRIiWjdE38yncEbwVS7RU1ZEQjL9KmLjykmmVSh",
+	"8JwyIlbiXcmZnwIufxLK9VrJNeS2uYkiqh4/PTqEVDK/CHPLaYJsro10i9wbHr57wpLo5CgUCcQkUtpx",
+	"G2bBftMkOuE+VMzS0Kip0U64C6cQxmLTf/K3VzgjUuzp2WwMC2HZ+fAUaXhQUkGOuTa3zMbVNicq7JvY",
+	"u1noDK2jlig8XzhfzxWQ6UT4JIdvbHELo8v5AgRMy9kMDXT8RYbFbddfpMS6KfBToq2zFQMfWG6QjYnp",
+	"SgfD/hPw9y2xu6fChYgGoXPY/wP88XQQrtHAiZqiSha5MFeQi2QhFZ4Au2j173wTRY7C8k0Tq7YCAoB0",
+	"0yH8UZ5COCzn1bdwEzXsP/nf//F6z2+rKF0lZ4FXQvJHgVtqBs/y/Qz+GWvbW5hrjy0XMnfgtBddq5Mr",
+	"5KsQLKqUH3WUZmydwGWvp3SvenBJv8pwJUi3UfEOB5wWgq8N2BQizw7coFcdbRReXbFaa6zMfmMejraz",
+	"EtSWs1gM40R5clrW2rEvubKkMVhprQpDZrK65UCGu1IM33BSK9ggbwthJ4pPF1Qlbi+5Hl3S8TYbCjwo",
+	"A94Ojd7l2L73xvT/g1v756SG47WZrlXab7a0fok881bbQhwazitNrKCpgKunlUkKTkNDSVYGoh/FUdDF",
+	"BN4617a3K1bE5yEnEI4117Fa2pjfrqyyXjNQnWCNuv21EvQ+TdvNfd4JYNNUxUFKvFsmKr532t9WwP6Z",
+	"V5PE6Sk60j/C+xH1mcWHwRmseYsH2TTvUKoMrW0KY63QGtjs3GnlNrC4xVF/D6P+HkbtDqPeex+g4VqR",
+	"P9po+oKWnq86XmpouVC83BDIqstM5+zqUPhQhTaXmcyluwRBskY+B3Tqq9uGw+Ewpie5tuHrsNuHZ7Wl",
+	"Jcst+NgL+V9uZV3nWHvGlxttwpfjXV2/dd8XvTFR9CReuZx8fmgVM/bhA7fq+c0IKLTl5tZKzzb3aDUN",
+	"qM8je3+jkVSr0kZklqQq0TasM2+IJ7OIqs3IvpLWBQxvl4fbGn++VJ33NVGl7v9T4aK1+SYFu7sakJjy",
+	"a1orFzfh+gim9X330LUp/i1yVwxcGLyWurQMYm2yKpL7cJQe7YK20Wj+l2rbaPTKt13d7pEftrt+FZkn",
+	"0u8zmfbVteif34BUMflGXTmuxbpSXp4uVS8xSSBxadVIfHZO7OET2V48S5OFZt7xYMDhG3n64+Ph8TD6",
+	"dP7p/wIAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -1,0 +1,93 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/shardsrv/shardsrv/api"
+)
+
+// DefaultStoreGrace is how long the store may be unreachable before /readyz says not ready: longer
+// than the blips object stores have (a throttled or restarting endpoint), so that one blip does not
+// take every replica out of its Service, and its peer ring, at once.
+const DefaultStoreGrace = 30 * time.Second
+
+// storeState is what /readyz last learned of the store: since when it has been unreachable (zero
+// while reachable) and why.
+type storeState struct {
+	mu        sync.Mutex
+	downSince time.Time
+	err       error
+}
+
+// observe records a check's outcome and returns how long the store has been unreachable.
+func (st *storeState) observe(err error, now time.Time) time.Duration {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.err = err
+	if err == nil {
+		st.downSince = time.Time{}
+		return 0
+	}
+	if st.downSince.IsZero() {
+		st.downSince = now
+	}
+	return now.Sub(st.downSince)
+}
+
+func (st *storeState) reachable() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.err == nil
+}
+
+// Readyz answers 200 unless the server drains or cannot serve: its store has been unreachable for
+// longer than StoreGrace and no cache holds chunks to serve from (with a cache the replica stays
+// ready, and in its peers' ring, through an outage: what is cached is served, the rest fails with
+// retryable problems). ?verbose adds the store's state.
+func (s *Server) Readyz(w http.ResponseWriter, r *http.Request, params api.ReadyzParams) {
+	if s.draining.Load() {
+		writeProblem(
+			w,
+			r,
+			&Problem{
+				Status:     http.StatusServiceUnavailable,
+				Slug:       "draining",
+				Title:      "The server is shutting down",
+				Detail:     "this instance takes no new requests",
+				RetryAfter: 1,
+			},
+		)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	err := s.cfg.Catalog.Store().Check(ctx)
+	down := s.store.observe(err, time.Now())
+	if err != nil && down >= s.cfg.StoreGrace && s.cfg.Cluster == nil {
+		writeProblem(
+			w,
+			r,
+			&Problem{
+				Status:     http.StatusServiceUnavailable,
+				Slug:       "not-ready",
+				Title:      "The store is not reachable",
+				Detail:     "for " + down.Round(time.Second).String() + " (no cache to serve from): " + err.Error(),
+				RetryAfter: 5,
+			},
+		)
+		return
+	}
+	health := api.Health{Status: "ready"}
+	if params.Verbose != nil {
+		st := api.StoreHealth{Reachable: err == nil, Cache: s.cfg.Cluster != nil}
+		if err != nil {
+			detail, secs := err.Error(), down.Seconds()
+			st.Error, st.UnreachableSeconds = &detail, &secs
+		}
+		health.Store = &st
+	}
+	writeJSON(w, health)
+}
