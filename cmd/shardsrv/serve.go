@@ -230,8 +230,12 @@ func serve(args []string, stderr io.Writer) error {
 	executorConfig.MaxRead = c.planner.MaxRead
 	executorConfig.MemoryBytes -= c.cache.Bytes // the cache takes its part of the budget up front
 	executorConfig.Tracer = tel.Tracer.Tracer("shardsrv/executor")
+	catalog := checkpoint.New(st)
+	// Every file of a checkpoint is asked for its version at most once a second: a replaced file
+	// is served new within a second, cache or not, at one Stat per file per second.
+	catalog.Revalidate = time.Second
 	srv := server.New(server.Config{
-		Catalog:    checkpoint.New(st),
+		Catalog:    catalog,
 		Executor:   executor.New(st, executorConfig),
 		Planner:    c.planner,
 		Limits:     c.limits,

@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -94,6 +96,13 @@ func (c *Checkpoint) Memo(key any, build func() any) any {
 
 // Catalog resolves checkpoints over a store.
 type Catalog struct {
+	// Revalidate is how long a resolution is served before the store is asked again whether every
+	// file of it, the index and each data file alike, is still the version resolved (zero: on
+	// every Open). Data reads carry their file's version, but a cache under the catalog serves the
+	// chunks of that version without asking the store: only revalidation catches a data file
+	// replaced under the same key.
+	Revalidate time.Duration
+
 	store   store.Store
 	group   singleflight.Group
 	headers *lru.Cache[string, *safetensors.Header] // by key + "@" + version
@@ -103,6 +112,8 @@ type Catalog struct {
 type opened struct {
 	rootVersion string // version of the index (or of model.safetensors)
 	ckpt        *Checkpoint
+	files       map[string]string // every data file's key → the version resolved
+	checked     atomic.Int64      // when the store last confirmed every version (Unix nanoseconds)
 }
 
 // New returns a catalog over s.
@@ -115,32 +126,77 @@ func New(s store.Store) *Catalog {
 // Store is the store the catalog reads.
 func (c *Catalog) Store() store.Store { return c.store }
 
-// Open resolves a checkpoint. One Stat of its index (or single file) per call checks that the
-// cached resolution is current; a shard file replaced since is caught by the version every data
-// read carries, and ReadFailed drops the stale resolution.
+// Open resolves a checkpoint. A cached resolution is served for Revalidate; then a Stat of its
+// index (or single file) and of each data file checks that it is current, and one that is not is
+// resolved anew. A file replaced between two checks is caught by the version every data read
+// carries (ReadFailed drops the stale resolution), unless a cache serves it: then by the next check.
 func (c *Catalog) Open(ctx context.Context, name string) (*Checkpoint, error) {
 	if err := store.ValidateKey(name); err != nil {
 		return nil, err
 	}
+	o, cached := c.opened.Get(name)
+	if cached && time.Since(time.Unix(0, o.checked.Load())) < c.Revalidate {
+		return o.ckpt, nil
+	}
+	start := time.Now()
 	rootKey, rootInfo, indexed, err := c.root(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	if o, ok := c.opened.Get(name); ok && o.rootVersion == rootInfo.Version {
-		return o.ckpt, nil
+	if cached && o.rootVersion == rootInfo.Version {
+		current, err := c.current(ctx, o, rootKey)
+		if err != nil {
+			return nil, err
+		}
+		if current {
+			o.checked.Store(start.UnixNano())
+			return o.ckpt, nil
+		}
 	}
 	v, err, _ := c.group.Do(name+"@"+rootInfo.Version, func() (any, error) {
 		ckpt, err := c.load(context.WithoutCancel(ctx), name, rootKey, rootInfo, indexed)
 		if err != nil {
 			return nil, err
 		}
-		c.opened.Add(name, &opened{rootVersion: rootInfo.Version, ckpt: ckpt})
+		o := &opened{rootVersion: rootInfo.Version, ckpt: ckpt, files: map[string]string{}}
+		for _, t := range ckpt.Tensors {
+			o.files[t.Key] = t.Version
+		}
+		o.checked.Store(start.UnixNano())
+		c.opened.Add(name, o)
 		return ckpt, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return v.(*Checkpoint), nil
+}
+
+// current reports whether every data file of a resolution is still the version resolved (the
+// root, just checked, aside). A file gone is not current: resolving anew says what is missing.
+func (c *Catalog) current(ctx context.Context, o *opened, rootKey string) (bool, error) {
+	var changed atomic.Bool
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for key, version := range o.files {
+		if key == rootKey {
+			continue
+		}
+		g.Go(func() error {
+			info, err := c.store.Stat(gctx, key)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				changed.Store(true)
+			case err != nil:
+				return err
+			case info.Version != version:
+				changed.Store(true)
+			}
+			return nil
+		})
+	}
+	err := g.Wait()
+	return !changed.Load(), err
 }
 
 // ReadFailed tells the catalog that reading checkpoint name's data failed with err. When the error
