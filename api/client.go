@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -63,6 +65,22 @@ func NewHTTPClient() *http.Client {
 		IdleConnTimeout:       90 * time.Second,
 		MaxIdleConnsPerHost:   16, // the ranks of a pod fetch in parallel from one server
 	}}
+}
+
+// NewHTTPClientWithCA is NewHTTPClient trusting the CA certificates in the PEM file caFile (a
+// server whose certificate a private CA issued, such as cert-manager's) instead of the system's.
+func NewHTTPClientWithCA(caFile string) (*http.Client, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("shardsrv: %s holds no PEM certificate", caFile)
+	}
+	c := NewHTTPClient()
+	c.Transport.(*http.Transport).TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	return c, nil
 }
 
 // defaultHTTP is shared so that clients made per request still reuse connections.

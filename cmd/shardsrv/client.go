@@ -32,8 +32,8 @@ import (
 
 // clientFlags are what every client subcommand takes.
 type clientFlags struct {
-	server, token string
-	noDigest      bool
+	server, token, caFile string
+	noDigest              bool
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet) {
@@ -49,15 +49,23 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 		os.Getenv("SHARDSRV_TOKEN"),
 		"bearer token, if the server wants one (SHARDSRV_TOKEN)",
 	)
+	fs.StringVar(&c.caFile, "ca-file", os.Getenv("SHARDSRV_CA_FILE"), "trust the CA certificates in this PEM `FILE` "+
+		"for an https:// server, in place of the system's (SHARDSRV_CA_FILE)")
 	fs.BoolVar(&c.noDigest, "no-digest", false, "decline the server's Repr-Digest of each shard "+
 		"(bodies are then checked for length only; the server may send local files without copying)")
 }
 
-func (c *clientFlags) client() *api.Client {
+func (c *clientFlags) client() (*api.Client, error) {
 	cl := api.NewClient(c.server)
 	cl.Token = c.token
 	cl.NoDigest = c.noDigest
-	return cl
+	if c.caFile != "" {
+		var err error
+		if cl.HTTP, err = api.NewHTTPClientWithCA(c.caFile); err != nil {
+			return nil, fmt.Errorf("--ca-file: %w", err)
+		}
+	}
+	return cl, nil
 }
 
 func envOr(name, def string) string {
@@ -406,14 +414,17 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 	// SIGINT and SIGTERM (Ctrl-C, a pod's deletion) cancel the fetch, so its temporary files go.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var err error
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
 	switch {
 	case *reqPath != "" && *out != "" && lf.engine == "" && *dir == "" && !*smallOnly:
-		err = fetchRequest(ctx, cf.client(), *reqPath, *out, stdout, stderr)
+		err = fetchRequest(ctx, c, *reqPath, *out, stdout, stderr)
 	case lf.engine != "" && *ckpt != "" && *dir != "" && *reqPath == "" && *out == "" && !*smallOnly:
-		err = fetchLayout(ctx, cf.client(), *ckpt, &lf, *dir, *parallel, stderr)
+		err = fetchLayout(ctx, c, *ckpt, &lf, *dir, *parallel, stderr)
 	case *smallOnly && *ckpt != "" && *dir != "" && lf.engine == "" && *reqPath == "" && *out == "":
-		err = fetchSmallFiles(ctx, cf.client(), *ckpt, *dir, stderr)
+		err = fetchSmallFiles(ctx, c, *ckpt, *dir, stderr)
 	default:
 		return errors.New("fetch: give --request FILE -o OUT, --checkpoint NAME --layout vllm --out DIR, or " +
 			"--checkpoint NAME --small-files --out DIR (see 'shardsrv fetch -h')")
@@ -765,7 +776,11 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	plan, err := cf.client().Plan(context.Background(), req)
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	plan, err := c.Plan(context.Background(), req)
 	if err != nil {
 		return err
 	}
@@ -847,7 +862,11 @@ func layoutCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	table, err := cf.client().Layout(context.Background(), *ckpt, lf.layout(ranks[0]))
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
+	table, err := c.Layout(context.Background(), *ckpt, lf.layout(ranks[0]))
 	if err != nil {
 		return err
 	}

@@ -15,9 +15,15 @@ import (
 // openCluster builds the chunk cache over the cluster store over st, and starts finding peers.
 // Without --peers the cluster store owns every chunk and only counts what prefetches fill.
 func openCluster(c *config, st store.Store, tel *telemetry.Providers, clientTokens *server.Tokens,
-	log *slog.Logger) (*server.Cluster, error) {
+	certs *certReloader, log *slog.Logger) (*server.Cluster, error) {
 	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.ChunkBytes, Timeout: c.cluster.Timeout,
 		Tracer: tel.Tracer, Meter: tel.Meter, Logger: log}
+	if c.tls.peerCAFile != "" || certs != nil {
+		var err error
+		if opts.TLS, err = peerTLS(c.tls.peerCAFile, certs); err != nil {
+			return nil, err
+		}
+	}
 	var peerTokens *server.Tokens
 	if c.cluster.TokenFile != "" {
 		var err error

@@ -51,7 +51,10 @@ func prefetchCmd(args []string, stdout, stderr io.Writer) error {
 			"(see 'shardsrv prefetch -h')")
 	}
 	ctx := context.Background()
-	c := cf.client()
+	c, err := cf.client()
+	if err != nil {
+		return err
+	}
 	tables, err := prefetchTables(ctx, c, *reqPath, *ckpt, &lf)
 	if err != nil {
 		return err

@@ -44,6 +44,7 @@ type config struct {
 	planner     planner.Options
 	verify      verify.Config
 	cluster     cluster.Config
+	tls         tlsFlags
 	tokensFile  string
 	grace       time.Duration
 	drainDelay  time.Duration
@@ -73,6 +74,7 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 	c.limits.RegisterFlags(fs)
 	c.verify.RegisterFlags(fs)
 	c.cluster.RegisterFlags(fs)
+	c.tls.register(fs)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
 	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it "+
@@ -165,7 +167,7 @@ func (c *config) validate() error {
 	}
 	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.gcs.Validate(), c.azure.Validate(),
 		c.planner.Validate(), c.executor.Validate(), c.cache.Validate(), c.verify.Validate(),
-		c.cluster.Validate())
+		c.cluster.Validate(), c.tls.validate())
 	if c.cluster.Enabled() && c.cache.Bytes == 0 {
 		errs = append(errs, errors.New("--peers and --peers-dns share the cache: they need --cache-bytes"))
 	}
@@ -194,6 +196,10 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer tel.Shutdown(context.Background())
+	tlsConfig, certs, err := c.tls.serverConfig(log)
+	if err != nil {
+		return err
+	}
 	raw, err := openStore(context.Background(), c)
 	if err != nil {
 		return err
@@ -220,7 +226,7 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	var shared *server.Cluster
 	if c.cache.Bytes > 0 {
-		if shared, err = openCluster(c, st, tel, tokens, log); err != nil {
+		if shared, err = openCluster(c, st, tel, tokens, certs, log); err != nil {
 			return err
 		}
 		st = shared.Cache
@@ -254,11 +260,17 @@ func serve(args []string, stderr io.Writer) error {
 	// Headers get 10 s, a body --body-timeout (a read deadline per request); idle keep-alive
 	// connections are closed after --idle-timeout.
 	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: c.idleTimeout,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), TLSConfig: tlsConfig}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)
-	go func() { errc <- httpSrv.Serve(ln) }()
+	go func() {
+		if tlsConfig != nil {
+			errc <- httpSrv.ServeTLS(ln, "", "") // the key pair is TLSConfig's; HTTP/2 is offered
+			return
+		}
+		errc <- httpSrv.Serve(ln)
+	}()
 	log.Info(
 		"serving",
 		"addr",
@@ -269,6 +281,8 @@ func serve(args []string, stderr io.Writer) error {
 		c.cache.Bytes,
 		"auth",
 		tokens != nil,
+		"tls",
+		tlsConfig != nil,
 	)
 	select {
 	case err := <-errc:

@@ -55,6 +55,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -115,9 +116,11 @@ type Options struct {
 	// Timeout bounds one fetch from a peer, from dialling to the last byte; past it the chunk is
 	// read from storage here.
 	Timeout time.Duration
-	Tracer  trace.TracerProvider
-	Meter   metric.MeterProvider
-	Logger  *slog.Logger
+	// TLS is how https:// peers are reached (nil: the system's roots, no client certificate).
+	TLS    *tls.Config
+	Tracer trace.TracerProvider
+	Meter  metric.MeterProvider
+	Logger *slog.Logger
 }
 
 // Store reads chunks through their owners. Reads without a version pass through: without one, no
@@ -190,7 +193,7 @@ func New(inner store.Store, opts Options) (*Store, error) {
 		inner:   inner,
 		opts:    opts,
 		stripe:  (cmp.Or(opts.StripeBytes, DefaultStripeBytes) + opts.ChunkBytes - 1) / opts.ChunkBytes * opts.ChunkBytes,
-		client:  newClient(opts.Timeout),
+		client:  newClient(opts.Timeout, opts.TLS),
 		tracer:  opts.Tracer.Tracer("shardsrv/cluster"),
 		down:    map[string]time.Time{},
 		waiting: map[string][]*fetchWait{},
@@ -215,8 +218,9 @@ func New(inner store.Store, opts Options) (*Store, error) {
 // newClient is the peers' HTTP client: no proxy (peers are pod addresses, never behind the one
 // the object store may need), a short dial so a dead peer is found at once, and enough idle
 // connections for the fills one replica has in flight to one owner.
-func newClient(timeout time.Duration) *http.Client {
+func newClient(timeout time.Duration, tlsConfig *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{
+		TLSClientConfig:     tlsConfig,
 		DialContext:         (&net.Dialer{Timeout: min(time.Second, timeout), KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
