@@ -59,6 +59,7 @@ type rendered struct {
 	hpa            *autoscalingv2.HorizontalPodAutoscaler
 	pdb            *policyv1.PodDisruptionBudget
 	serviceMonitor *monitoringv1.ServiceMonitor
+	certificate    map[string]any // cert-manager's, decoded loosely: its types are not a dependency
 }
 
 func strict(t *testing.T, doc []byte, into any) {
@@ -110,6 +111,10 @@ func render(t *testing.T, args ...string) rendered {
 		case "ServiceMonitor":
 			r.serviceMonitor = &monitoringv1.ServiceMonitor{}
 			strict(t, []byte(doc), r.serviceMonitor)
+		case "Certificate":
+			if err := yaml.Unmarshal([]byte(doc), &r.certificate); err != nil {
+				t.Fatal(err)
+			}
 		default:
 			t.Errorf("unexpected kind %s", head.Kind)
 		}
@@ -308,5 +313,30 @@ func TestRefusesClusterWithoutCache(t *testing.T) {
 	if c := r.deployment.Spec.Template.Spec.Containers[0]; env(c, "SHARDSRV_CACHE_BYTES").Value != "64Mi" ||
 		c.Args[0] != "serve" {
 		t.Errorf("a file:// store with a cache shares it; the container runs serve: %v %+v", c.Args, c.Env)
+	}
+}
+
+// HTTPS from a cert-manager Certificate: the key pair mounted and passed on, probes over HTTPS,
+// peers reached over https:// trusting the Secret's ca.crt.
+func TestTLS(t *testing.T) {
+	r := render(t, "--set", "tls.enabled=true,tls.certManager.enabled=true,cluster.enabled=true",
+		"--set", "tls.certManager.issuerRef.name=internal-ca,tls.certManager.issuerRef.kind=ClusterIssuer")
+	pod := r.deployment.Spec.Template.Spec
+	c := pod.Containers[0]
+	spec, _ := r.certificate["spec"].(map[string]any)
+	if spec == nil || spec["secretName"] != "rel-shardsrv-tls" || volume(pod, "tls") == nil ||
+		volume(pod, "tls").Secret.SecretName != "rel-shardsrv-tls" {
+		t.Fatalf("a Certificate whose Secret is mounted: %v", r.certificate)
+	}
+	if env(c, "SHARDSRV_TLS_CERT_FILE").Value != "/etc/shardsrv/tls/tls.crt" ||
+		env(c, "SHARDSRV_TLS_KEY_FILE").Value != "/etc/shardsrv/tls/tls.key" ||
+		env(c, "SHARDSRV_PEER_CA_FILE").Value != "/etc/shardsrv/tls/ca.crt" ||
+		env(c, "SHARDSRV_ADVERTISE").Value != "https://$(POD_IP):8080" ||
+		c.ReadinessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS || c.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+		t.Errorf("TLS files, peers over https and probes over HTTPS: %+v", c.Env)
+	}
+	out, err := exec.Command(helmBinary(t), "template", "rel", chart, "--set", "tls.enabled=true").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "tls.existingSecret or tls.certManager.enabled") {
+		t.Errorf("TLS without a key pair must be refused: %s", out)
 	}
 }

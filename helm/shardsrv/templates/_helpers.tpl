@@ -35,3 +35,12 @@ number as a whole number (YAML numbers arrive as floats, which would print as 1.
 {{- define "shardsrv.bytes" -}}
 {{- if kindIs "string" . -}}{{ . | quote }}{{- else -}}{{ . | int64 | quote }}{{- end -}}
 {{- end -}}
+
+{{- /* The Secret holding the TLS key pair: the given one, or the one the chart's Certificate fills. */ -}}
+{{- define "shardsrv.tlsSecret" -}}
+{{- .Values.tls.existingSecret | default (printf "%s-tls" (include "shardsrv.fullname" .)) -}}
+{{- end -}}
+
+{{- define "shardsrv.scheme" -}}
+{{- if .Values.tls.enabled }}https{{ else }}http{{ end -}}
+{{- end -}}
