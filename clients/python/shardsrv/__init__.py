@@ -307,7 +307,8 @@ class Client:
     bodies are checked for their length only. Requests go through the client's own urllib opener
     (the standard handlers, proxies from the environment), not one installed with install_opener."""
 
-    def __init__(self, base_url, token=None, attempts=5, backoff=0.5, timeout=600, max_backoff=30.0, digest=True):
+    def __init__(self, base_url, token=None, attempts=5, backoff=0.5, timeout=600, max_backoff=30.0, digest=True,
+                 ca_file=None):
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"shardsrv: server {base_url!r} is not a URL such as http://shardsrv:8080")
@@ -315,7 +316,9 @@ class Client:
         # timeout bounds each connect and each read, not a whole (possibly long) body.
         self.token, self.attempts, self.backoff, self.timeout = token, attempts, backoff, timeout
         self.max_backoff, self.digest = max_backoff, digest
-        self._opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler())  # keeps trailers
+        # ca_file: the PEM CA bundle an https:// server's certificate chains to, instead of the system's.
+        context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self._opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context=context))  # keeps trailers
 
     def _open(self, method, path, body=None):
         data = None if body is None else json.dumps(body).encode()
