@@ -21,13 +21,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/oms"
+	"github.com/shardsrv/shardsrv/internal/tensor"
 )
 
 // clientFlags are what every client subcommand takes.
@@ -789,8 +789,7 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(plan)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "tensor\tboxes\toutput\treads\tbytes read\t")
+	rows := [][]string{{"tensor", "boxes", "output bytes", "", "reads", "bytes read", ""}}
 	for _, t := range plan.Tensors {
 		var out, reads, read int64
 		for _, b := range t.Boxes {
@@ -800,21 +799,24 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 				read += r.Length
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t\n", t.Name, len(t.Boxes), size(out), reads, size(read))
+		rows = append(rows, []string{t.Name, strconv.Itoa(len(t.Boxes)), strconv.FormatInt(out, 10), size(out),
+			strconv.FormatInt(reads, 10), strconv.FormatInt(read, 10), size(read)})
 	}
 	s := plan.Summary
 	amp := 0.0
 	if s.NeededBytes > 0 {
 		amp = float64(s.ReadBytes) / float64(s.NeededBytes)
 	}
-	fmt.Fprintf(tw, "total\t\t%s\t%d\t%s\t\n", size(s.OutputBytes), s.ReadRequests, size(s.ReadBytes))
-	tw.Flush()
+	rows = append(rows, []string{"total", "", strconv.FormatInt(s.OutputBytes, 10), size(s.OutputBytes),
+		strconv.FormatInt(s.ReadRequests, 10), strconv.FormatInt(s.ReadBytes, 10), size(s.ReadBytes)})
+	printTable(stdout, rows)
 	fmt.Fprintf(
 		stdout,
-		"\nneeded %s, read %s in %d requests: amplification %.3f\n",
+		"\nneeded %s, read %s in %d %s: amplification %.3f\n",
 		size(s.NeededBytes),
 		size(s.ReadBytes),
 		s.ReadRequests,
+		plural(s.ReadRequests, "request", "requests"),
 		amp,
 	)
 	return nil
@@ -890,10 +892,46 @@ func layoutCmd(args []string, stdout, stderr io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(api.ShardRequest{Checkpoint: table.Checkpoint, Tensors: table.Tensors})
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "tensor\tdtype\tshape")
+	rows := [][]string{{"tensor", "dtype", "shape", "bytes", ""}}
+	var total int64
 	for _, t := range table.Tensors {
-		fmt.Fprintf(tw, "%s\t%s\t%v\n", t.Name, t.Dtype, t.Shape)
+		n := int64(0)
+		if dt, ok := tensor.ParseDType(string(t.Dtype)); ok {
+			n = int64(dt.Size())
+			for _, d := range t.Shape {
+				n *= d
+			}
+		}
+		total += n
+		rows = append(rows, []string{t.Name, string(t.Dtype), fmt.Sprint(t.Shape), strconv.FormatInt(n, 10), size(n)})
 	}
-	return tw.Flush()
+	rows = append(rows, []string{"total", fmt.Sprintf("%d %s", len(table.Tensors),
+		plural(int64(len(table.Tensors)), "tensor", "tensors")), "", strconv.FormatInt(total, 10), size(total)})
+	printTable(stdout, rows)
+	return nil
+}
+
+// printTable prints rows (the first the header) in columns two spaces apart: the first column,
+// a name, aligned left, the others, numbers and sizes, right.
+func printTable(w io.Writer, rows [][]string) {
+	widths := make([]int, len(rows[0]))
+	for _, r := range rows {
+		for i, cell := range r {
+			widths[i] = max(widths[i], len(cell))
+		}
+	}
+	for _, r := range rows {
+		line := fmt.Sprintf("%-*s", widths[0], r[0])
+		for i, cell := range r[1:] {
+			line += fmt.Sprintf("  %*s", widths[i+1], cell)
+		}
+		fmt.Fprintln(w, strings.TrimRight(line, " "))
+	}
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

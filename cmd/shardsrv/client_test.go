@@ -128,8 +128,9 @@ func TestLayoutCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 1+len(want.Tensors) ||
-		!slices.Equal(strings.Fields(lines[0]), []string{"tensor", "dtype", "shape"}) {
+	if len(lines) != 2+len(want.Tensors) ||
+		!slices.Equal(strings.Fields(lines[0]), []string{"tensor", "dtype", "shape", "bytes"}) ||
+		!strings.HasPrefix(lines[len(lines)-1], "total") {
 		t.Fatalf("table:\n%s", out.String())
 	}
 	if !strings.Contains(out.String(), "model.layers.1.mlp.experts.w13_weight") ||
@@ -415,5 +416,12 @@ func TestFetchSmallFilesWritesNoWeights(t *testing.T) {
 	if err := fetch([]string{"--server", url, "--checkpoint", example.Name, "--small-files", "--layout", "vllm",
 		"--out", dir}, &bytes.Buffer{}, &errs); err == nil {
 		t.Error("--small-files with --layout was accepted")
+	}
+}
+
+func TestA401NamesTheTokenFlag(t *testing.T) {
+	p := &api.ProblemError{Problem: api.Problem{Status: 401, Title: "Unauthorized"}}
+	if got := errorLine(p); !strings.Contains(got, "--token") || !strings.Contains(got, "SHARDSRV_TOKEN") {
+		t.Errorf("%q", got)
 	}
 }

@@ -12,9 +12,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 
+	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/example"
 )
 
@@ -25,6 +27,7 @@ const usage = `shardsrv serves remapped tensor shards from safetensors checkpoin
 
 Usage:
   shardsrv serve   [flags]                      run the HTTP service (see 'shardsrv serve -h')
+  shardsrv version                              print the version
   shardsrv example --out DIR                    write the example checkpoint and requests, print curl commands
   shardsrv layout  --checkpoint NAME --tp N --rank R [--ep] [--format json|table]
                                                 print the tensors vLLM holds on a rank (a request body, or a table)
@@ -73,14 +76,18 @@ func main() {
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return
+	case "version", "--version":
+		fmt.Println("shardsrv", version)
+		return
 	default:
 		fmt.Fprintf(os.Stderr, "shardsrv: unknown command %q\n\n%s", os.Args[1], usage)
 		os.Exit(2)
 	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // asked for: COMMAND -h printed its usage
+	}
 	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, errorLine(err))
-		}
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
 }
@@ -89,6 +96,10 @@ func main() {
 // (problems from the server) carry the prefix already, also when wrapped ("FILE: shardsrv: ...").
 func errorLine(err error) string {
 	msg := strings.ReplaceAll(err.Error(), ": shardsrv: ", ": ")
+	var p *api.ProblemError
+	if errors.As(err, &p) && p.Status == http.StatusUnauthorized {
+		msg += "\n  the server wants a bearer token: give --token TOKEN (or SHARDSRV_TOKEN)"
+	}
 	return "shardsrv: " + strings.TrimPrefix(msg, "shardsrv: ")
 }
 

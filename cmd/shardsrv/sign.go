@@ -106,7 +106,11 @@ func signCmd(args []string, stdout, stderr io.Writer) error {
 func verifyCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("verify", verifyUsage, stderr)
 	var cfg verify.Config
-	cfg.RegisterFlags(fs)
+	// Of serve's verification flags only --trust-key: this command always verifies.
+	serveFlags := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg.RegisterFlags(serveFlags)
+	trust := serveFlags.Lookup("trust-key")
+	fs.Var(trust.Value, trust.Name, trust.Usage)
 	folder, err := parseFolder(fs, args)
 	if err != nil {
 		return err
