@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -114,6 +115,57 @@ func TestReprDigestTrailsEveryShard(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// A body several times the hasher's buffers, and not a multiple of them, trails the SHA-256 of
+// exactly the bytes received while concurrent streams hash beside it.
+func TestReprDigestOfLargeBodiesUnderConcurrency(t *testing.T) {
+	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
+		const rows, cols = 333, 2049 // 1.3 MiB of BF16
+		data := make([]byte, rows*cols*2)
+		for i := range data {
+			data[i] = byte(i*31 + i>>11)
+		}
+		writeCheckpoint(t, h, "m",
+			safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{rows, cols}, Data: data})
+		direct := api.TensorRequest{Name: "w", Dtype: api.BF16, Shape: []int64{rows, cols},
+			Boxes: whole(rows, cols), Blocks: copyOf("w", rows, cols)}
+		widened := direct
+		widened.Dtype = api.F32
+		var wg sync.WaitGroup
+		for i := range 8 {
+			req := shardReq("m", direct)
+			if i%2 == 1 {
+				req = shardReq("m", widened)
+			}
+			wg.Go(func() {
+				raw, _ := json.Marshal(req)
+				res, err := http.Post(h.url+"/v1/shards", "application/json", bytes.NewReader(raw))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer res.Body.Close()
+				body, err := io.ReadAll(res.Body)
+				if err != nil {
+					t.Errorf("reading the body: %v", err)
+					return
+				}
+				if res.StatusCode != 200 {
+					t.Errorf("%d %s", res.StatusCode, body)
+					return
+				}
+				if i%2 == 0 && !bytes.Equal(body, data) {
+					t.Error("the direct body is not the tensor's bytes")
+				}
+				if res.Trailer.Get("Repr-Digest") == "" {
+					t.Errorf("no Repr-Digest trailer: %v", res.Trailer)
+				}
+				checkDigest(t, res, body)
+			})
+		}
+		wg.Wait()
 	})
 }
 

@@ -899,6 +899,7 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	var dg *digester
 	if digest {
 		dg = newDigester(body)
+		defer dg.close()
 		body = dg
 	}
 	if _, err := stream.WriteTo(body); err != nil {
