@@ -138,3 +138,25 @@ func TestWordKernelsMatchByteLoops(t *testing.T) {
 		}
 	}
 }
+
+// everyOther16 (the vector kernel where the CPU has one, then the word loop) gives the byte
+// loop's bytes for every length and alignment around the vector block.
+func TestEveryOther16MatchesTheByteLoop(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for n := range 200 {
+		for _, shift := range []int{0, 1, 2, 3} {
+			raw := make([]byte, shift+4*n)
+			for i := range raw {
+				raw[i] = byte(r.IntN(256))
+			}
+			src := raw[shift:]
+			want, got, words := make([]byte, 2*n), make([]byte, 2*n), make([]byte, 2*n)
+			copyElements(want, 2, src, 4, n, 2)
+			everyOther16(got, src)
+			everyOther16Words(words, src)
+			if !slices.Equal(got, want) || !slices.Equal(words, want) {
+				t.Fatalf("%d elements, shift %d: every other element differs from the byte loop", n, shift)
+			}
+		}
+	}
+}

@@ -77,6 +77,13 @@ func gather[T word](d, s []T, step int) {
 // everyOther16 copies every other 16-bit element of src into dst (len(dst)/2 of them): it picks
 // the halves of 64-bit words, sixteen elements a round, whatever the alignment.
 func everyOther16(dst, src []byte) {
+	done := everyOther16Vector(dst, src)
+	everyOther16Words(dst[done:], src[2*done:])
+}
+
+// everyOther16Words is everyOther16 over 64-bit words: the portable loop, and the reference the
+// vector one is tested against.
+func everyOther16Words(dst, src []byte) {
 	le := binary.LittleEndian
 	pick := func(s []byte) uint64 { // elements 0, 2, 4 and 6 of s
 		w0, w1 := le.Uint64(s), le.Uint64(s[8:])

@@ -1,0 +1,22 @@
+package tensor
+
+import "golang.org/x/sys/cpu"
+
+var hasAVX2 = cpu.X86.HasAVX2
+
+// everyOther16AVX2 writes blocks × 32 bytes of dst: the even 16-bit elements of blocks × 64
+// bytes of src.
+//
+//go:noescape
+func everyOther16AVX2(dst, src *byte, blocks int)
+
+// everyOther16Vector does what it can of everyOther16 with AVX2, 16 elements a step, and returns
+// the bytes of dst it wrote.
+func everyOther16Vector(dst, src []byte) int {
+	blocks := min(len(dst)/32, len(src)/64)
+	if !hasAVX2 || blocks == 0 {
+		return 0
+	}
+	everyOther16AVX2(&dst[0], &src[0], blocks)
+	return blocks * 32
+}
