@@ -88,6 +88,28 @@ def state(model):
     return {name: tensor_bytes(t) for name, t in list(model.named_parameters()) + list(model.named_buffers())}
 
 
+if torch is not None:
+    class DeepseekWithoutQLora(vl.DeepseekConfig):
+        q_lora = None
+
+    DEEPSEEK = {"deepseek-x": vl.DeepseekConfig, "deepseek-x-noq": DeepseekWithoutQLora}
+
+
+def server_name(name):
+    """The name vLLM v0.10.2's saved state dict gives a DeepSeek parameter, from the one
+    named_parameters gives: MultiHeadLatentAttention holds the attention's modules a second time
+    as self_attn.mla_attn.X, SharedFusedMoE the shared experts as experts._shared_experts.X and
+    FusedMoE the router's bias as experts.e_score_correction_bias, and of two names for one tensor
+    the saved state dict keeps the smaller."""
+    for module in ("q_a_layernorm", "q_b_proj", "o_proj", "q_proj", "kv_a_proj_with_mqa"):
+        seen = f"self_attn.{module}."
+        if seen in name and f"self_attn.mla_attn.{module}." < seen:
+            return name.replace(seen, f"self_attn.mla_attn.{module}.")
+    if ".mlp.shared_experts." in name:
+        return name.replace(".mlp.shared_experts.", ".mlp.experts._shared_experts.")
+    return name.replace(".mlp.gate.e_score_correction_bias", ".mlp.experts.e_score_correction_bias")
+
+
 @unittest.skipIf(torch is None, "the capture and the loader need torch")
 class LiveCheckpoints(unittest.TestCase):
     """A live shardsrv serving the tiny models' checkpoints, written here."""
@@ -105,6 +127,9 @@ class LiveCheckpoints(unittest.TestCase):
         for seed, (name, (arch, tie, hf)) in enumerate(cls.CHECKPOINTS.items()):
             cls.tensors[name] = random_tensors(vl.checkpoint_shapes(arch, tie), seed)
             write_checkpoint(os.path.join(cls.tmp.name, name), cls.tensors[name], hf and hf_config(hf, tie))
+        for seed, (name, c) in enumerate(DEEPSEEK.items(), start=100):
+            cls.tensors[name] = random_tensors(vl.deepseek_checkpoint(c), seed)
+            write_checkpoint(os.path.join(cls.tmp.name, name), cls.tensors[name], c.hf())
         binary = os.environ.get("SHARDSRV_BIN", os.path.join(ROOT, "bin", "shardsrv"))
         import socket
         with socket.socket() as s:
@@ -180,6 +205,24 @@ class Equivalence(LiveCheckpoints):
         listing = [t for t in self.client.tensors("everything")["tensors"] if t["name"] != "model.norm.weight"]
         with self.assertRaisesRegex(loader.LoadError, r"1 parameters: model\.norm\.weight"):
             loader.load_model_weights(vl.TinyModel(vl.Rank(2, 0)), self.client, "everything", tensors=listing)
+
+    def test_deepseek_agrees_with_the_servers_vllm_layout(self):
+        """DeepSeek-V3 (with and without q_lora_rank) captured at every rank against the server's
+        layout, the names mapped as vLLM v0.10.2's state dict has them (server_name)."""
+        for checkpoint, c in DEEPSEEK.items():
+            for tp, r, ep in self.ranks():
+                with self.subTest(checkpoint=checkpoint, tp=tp, rank=r, ep=ep):
+                    model = vl.DeepseekV3(vl.Rank(tp, r, ep), c)
+                    report = loader.load_model_weights(model, self.client, checkpoint)
+                    self.assertEqual(report.fallbacks, [])
+                    got = {server_name(n): b for n, b in state(model).items() if b}
+                    layout = {"engine": "vllm", "tensor_parallel_size": tp, "tp_rank": r,
+                              "enable_expert_parallel": ep}
+                    parsed, _ = shardsrv.parse_safetensors(self.client.fetch(checkpoint, layout=layout,
+                                                                             format="safetensors"))
+                    want = {n: bytes(buf) for n, (_, _, buf) in parsed.items()}
+                    self.assertEqual(sorted(want), sorted(got))
+                    self.assertEqual([n for n in want if want[n] != got[n]], [])
 
     def test_a_body_damaged_on_every_attempt_fails_the_load(self):
         from test_client import Proxy

@@ -436,3 +436,153 @@ def checkpoint_shapes(arch="everything", tie=False, cfg=Config):
         out["cols.gate"] = ([c.hidden, c.inter], torch.bfloat16)
         out["cols.up"] = ([c.hidden, c.inter], torch.bfloat16)
     return out
+
+
+class DeepseekConfig:
+    """DeepSeek-V3's config.json fields the model reads, tiny by default."""
+    vocab, hidden, layers, first_k_dense = 1100, 64, 2, 1
+    inter, moe_inter, experts, n_shared = 96, 16, 6, 1
+    heads, q_lora, kv_lora, rope, nope, v_head = 8, 32, 32, 4, 16, 16
+    block = None  # [b0, b1] for block FP8
+
+    @classmethod
+    def hf(cls):
+        """config.json."""
+        cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": cls.hidden,
+               "intermediate_size": cls.inter, "moe_intermediate_size": cls.moe_inter,
+               "num_attention_heads": cls.heads, "num_key_value_heads": cls.heads, "num_hidden_layers": cls.layers,
+               "vocab_size": cls.vocab, "q_lora_rank": cls.q_lora, "kv_lora_rank": cls.kv_lora,
+               "qk_nope_head_dim": cls.nope, "qk_rope_head_dim": cls.rope, "v_head_dim": cls.v_head,
+               "n_routed_experts": cls.experts, "n_shared_experts": cls.n_shared, "num_experts_per_tok": 2,
+               "first_k_dense_replace": cls.first_k_dense, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+               "topk_method": "noaux_tc", "scoring_func": "sigmoid", "tie_word_embeddings": False,
+               "torch_dtype": "bfloat16"}
+        if cls.block:
+            cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": cls.block}
+        return cfg
+
+
+class DeepseekMLP(nn.Module):
+    def __init__(self, rank, c, inter):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallel(rank, [inter, inter], c.hidden, block=c.block)
+        self.down_proj = RowParallel(rank, c.hidden, inter, block=c.block)
+
+
+class DeepseekV3(nn.Module):
+    """DeepseekV3ForCausalLM's parameters as vLLM's deepseek_v2.py builds them for a rank (MLA with
+    fused_qkv_a_proj when q_lora_rank is set, else q_proj and a replicated kv_a_proj_with_mqa;
+    dense first layers; DeepseekV2MoE: gate with its F32 e_score_correction_bias, FusedMoE
+    experts, TP-split shared experts), named as named_parameters() gives them, and its
+    load_weights' loop: stacked parameters, then experts, then the rest."""
+
+    def __init__(self, rank, c=DeepseekConfig):
+        super().__init__()
+        self.c = c
+        self.model = nn.Module()
+        self.model.embed_tokens = VocabParallelEmbedding(rank, c.vocab, c.hidden)
+        self.model.layers = nn.ModuleList()
+        for i in range(c.layers):
+            layer = nn.Module()
+            layer.input_layernorm = Replicated([c.hidden])
+            layer.post_attention_layernorm = Replicated([c.hidden])
+            a = layer.self_attn = nn.Module()
+            if c.q_lora:
+                a.fused_qkv_a_proj = MergedColumnParallel(rank, [c.q_lora, c.kv_lora + c.rope], c.hidden,
+                                                          block=c.block, disable_tp=True)
+                a.q_a_layernorm = Replicated([c.q_lora])
+                a.q_b_proj = ColumnParallel(rank, c.heads * (c.nope + c.rope), c.q_lora, block=c.block)
+            else:
+                a.q_proj = ColumnParallel(rank, c.heads * (c.nope + c.rope), c.hidden, block=c.block)
+                a.kv_a_proj_with_mqa = ColumnParallel(Rank(1, 0), c.kv_lora + c.rope, c.hidden, block=c.block)
+            a.kv_a_layernorm = Replicated([c.kv_lora])
+            a.kv_b_proj = ColumnParallel(rank, c.heads * (c.nope + c.v_head), c.kv_lora, block=c.block)
+            a.o_proj = RowParallel(rank, c.hidden, c.heads * c.v_head, block=c.block)
+            if i < c.first_k_dense:
+                layer.mlp = DeepseekMLP(rank, c, c.inter)
+            else:
+                layer.mlp = nn.Module()
+                layer.mlp.gate = Replicated([c.experts, c.hidden])
+                layer.mlp.gate.e_score_correction_bias = _param([c.experts], torch.float32, default_weight_loader)
+                layer.mlp.experts = FusedMoE(rank, c.experts, c.hidden, c.moe_inter, block=c.block)
+                layer.mlp.shared_experts = DeepseekMLP(rank, c, c.moe_inter * c.n_shared)
+            self.model.layers.append(layer)
+        self.model.norm = Replicated([c.hidden])
+        self.lm_head = VocabParallelEmbedding(rank, c.vocab, c.hidden)
+
+    def load_weights(self, weights):
+        stacked = [("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+        if self.c.q_lora:
+            stacked += [("fused_qkv_a_proj", "q_a_proj", 0), ("fused_qkv_a_proj", "kv_a_proj_with_mqa", 1)]
+        experts = FusedMoE.make_expert_params_mapping("", "gate_proj", "down_proj", "up_proj", self.c.experts)
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, w in weights:
+            for param_name, weight_name, shard_id in stacked:
+                if weight_name not in name:
+                    continue
+                if "mlp.experts." in name and name not in params:
+                    continue
+                name = name.replace(weight_name, param_name)
+                params[name].weight_loader(params[name], w, shard_id)
+                break
+            else:
+                for param_name, weight_name, expert_id, shard_id in experts:
+                    if weight_name not in name:
+                        continue
+                    name = name.replace(weight_name, param_name)
+                    params[name].weight_loader(params[name], w, name, shard_id=shard_id, expert_id=expert_id)
+                    break
+                else:
+                    p = params[name]
+                    getattr(p, "weight_loader", default_weight_loader)(p, w)
+            loaded.add(name)
+        return loaded
+
+
+def deepseek_checkpoint(c=DeepseekConfig):
+    """DeepSeek-V3's Hugging Face tensors: {name: (shape, dtype)}."""
+    out = {}
+
+    def add(name, shape, dtype=torch.bfloat16):
+        out[name] = (shape, dtype)
+
+    def linear(name, shape):
+        if c.block:
+            add(name + ".weight", shape, FP8)
+            add(name + ".weight_scale_inv", [math.ceil(shape[0] / c.block[0]), math.ceil(shape[1] / c.block[1])],
+                torch.float32)
+        else:
+            add(name + ".weight", shape)
+
+    def mlp(p, inter):
+        for w, shape in (("gate_proj", [inter, c.hidden]), ("up_proj", [inter, c.hidden]),
+                         ("down_proj", [c.hidden, inter])):
+            linear(p + w, shape)
+
+    add("model.embed_tokens.weight", [c.vocab, c.hidden])
+    for i in range(c.layers):
+        p = f"model.layers.{i}."
+        add(p + "input_layernorm.weight", [c.hidden])
+        add(p + "post_attention_layernorm.weight", [c.hidden])
+        if c.q_lora:
+            linear(p + "self_attn.q_a_proj", [c.q_lora, c.hidden])
+            add(p + "self_attn.q_a_layernorm.weight", [c.q_lora])
+            linear(p + "self_attn.q_b_proj", [c.heads * (c.nope + c.rope), c.q_lora])
+        else:
+            linear(p + "self_attn.q_proj", [c.heads * (c.nope + c.rope), c.hidden])
+        linear(p + "self_attn.kv_a_proj_with_mqa", [c.kv_lora + c.rope, c.hidden])
+        add(p + "self_attn.kv_a_layernorm.weight", [c.kv_lora])
+        linear(p + "self_attn.kv_b_proj", [c.heads * (c.nope + c.v_head), c.kv_lora])
+        linear(p + "self_attn.o_proj", [c.hidden, c.heads * c.v_head])
+        if i < c.first_k_dense:
+            mlp(p + "mlp.", c.inter)
+            continue
+        add(p + "mlp.gate.weight", [c.experts, c.hidden])
+        add(p + "mlp.gate.e_score_correction_bias", [c.experts], torch.float32)
+        for e in range(c.experts):
+            mlp(f"{p}mlp.experts.{e}.", c.moe_inter)
+        mlp(p + "mlp.shared_experts.", c.moe_inter * c.n_shared)
+    add("model.norm.weight", [c.hidden])
+    add("lm_head.weight", [c.vocab, c.hidden])
+    return out
