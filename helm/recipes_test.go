@@ -45,7 +45,7 @@ func TestReadmeRecipesRunAgainstTheBinary(t *testing.T) {
 	if out, err := exec.Command(bin, "example", "--out", store).CombinedOutput(); err != nil {
 		t.Fatalf("example: %v\n%s", err, out)
 	}
-	if err := os.Rename(filepath.Join(store, "llama-tiny"), filepath.Join(store, checkpoint)); err != nil {
+	if err := os.Rename(filepath.Join(store, "qwen2-moe-tiny"), filepath.Join(store, checkpoint)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -378,12 +378,12 @@ logged on stderr; a request the server refuses (4xx) is not. A progress bar show
 
 Examples:
   shardsrv fetch --server http://localhost:8080 --request rank1.json -o rank1.bin
-  shardsrv layout --checkpoint llama-tiny --tp 2 --rank 1 | shardsrv fetch --request - -o - | xxd | head
-  shardsrv fetch --server http://localhost:8080 --checkpoint llama-tiny --layout vllm --tp 2 --rank all \
-    --out /models/llama-tiny-tp2
-  vllm serve /models/llama-tiny-tp2 --load-format sharded_state --tensor-parallel-size 2
+  shardsrv layout --checkpoint qwen2-moe-tiny --tp 2 --rank 1 | shardsrv fetch --request - -o - | xxd | head
+  shardsrv fetch --server http://localhost:8080 --checkpoint qwen2-moe-tiny --layout vllm --tp 2 --rank all \
+    --out /models/qwen2-moe-tiny-tp2
+  vllm serve /models/qwen2-moe-tiny-tp2 --load-format sharded_state --tensor-parallel-size 2
   shardsrv fetch --checkpoint llama-3-70b --layout vllm --tp 16 --rank 8,9,10,11,12,13,14,15 --out /models/l70
-  shardsrv fetch --checkpoint llama-tiny --small-files --out /models/llama-tiny
+  shardsrv fetch --checkpoint qwen2-moe-tiny --small-files --out /models/qwen2-moe-tiny
 `
 
 // fetch: shardsrv fetch --request FILE -o OUT, or --checkpoint NAME --layout ENGINE ... --out DIR.
@@ -756,7 +756,7 @@ the bytes they read; then the totals and the read amplification (bytes read / by
 
 Examples:
   shardsrv plan --server http://localhost:8080 --request rank1.json
-  shardsrv layout --checkpoint llama-tiny --tp 2 --rank 1 | shardsrv plan --request -
+  shardsrv layout --checkpoint qwen2-moe-tiny --tp 2 --rank 1 | shardsrv plan --request -
 `
 
 // plan: shardsrv plan --request FILE
@@ -836,8 +836,8 @@ To fetch a rank without a table, 'shardsrv fetch --layout' sends the layout itse
 fails if there is one: how to learn, before any weights move, that a release renamed a tensor.
 
 Examples:
-  shardsrv layout --server http://localhost:8080 --checkpoint llama-tiny --tp 2 --rank 1 --format table
-  shardsrv layout --checkpoint llama-tiny --tp 2 --rank 1 --ep --dtype bf16 > rank1.json
+  shardsrv layout --server http://localhost:8080 --checkpoint qwen2-moe-tiny --tp 2 --rank 1 --format table
+  shardsrv layout --checkpoint qwen2-moe-tiny --tp 2 --rank 1 --ep --dtype bf16 > rank1.json
 `
 
 // layoutCmd: shardsrv layout --checkpoint NAME --engine vllm --tp N --rank R

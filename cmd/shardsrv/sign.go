@@ -32,7 +32,7 @@ to whole shards, which must be a power of two up to 4 MiB; smaller shards make m
 Example:
   openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out key.pem
   openssl pkey -in key.pem -pubout -out key.pub.pem
-  shardsrv sign --key key.pem .run/checkpoints/llama-tiny
+  shardsrv sign --key key.pem .run/checkpoints/qwen2-moe-tiny
   shardsrv serve --store .run/checkpoints --verify required --trust-key key.pub.pem
 `
 

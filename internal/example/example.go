@@ -1,6 +1,7 @@
-// Package example writes the checkpoint `make run` serves: small but Llama-shaped (separate q/k/v
-// with grouped KV heads, gate/up/down, an embedding, norms) with one Qwen-MoE-style layer of a few
-// experts, as two indexed safetensors files, and request files that show the remaps engines use.
+// Package example writes the checkpoint `make run` serves: a tiny Qwen2-MoE (separate q/k/v with
+// biases and grouped KV heads, a dense gate/up/down layer, a sparse layer of a few experts, an
+// embedding, norms), as two indexed safetensors files, and request files that show the remaps
+// engines use.
 package example
 
 import (
@@ -19,7 +20,7 @@ import (
 )
 
 // Name is the example checkpoint's folder.
-const Name = "llama-tiny"
+const Name = "qwen2-moe-tiny"
 
 // The example model's dimensions.
 const (

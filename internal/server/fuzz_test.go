@@ -44,7 +44,7 @@ const (
 	fuzzHeapCap = 768 << 20
 )
 
-// fuzzEnv is an in-process server over a local store holding the example checkpoint (llama-tiny,
+// fuzzEnv is an in-process server over a local store holding the example checkpoint (qwen2-moe-tiny,
 // with config.json, for layout requests) and "m", a checkpoint of small tensors of many dtypes
 // and the sources of every deferred op.
 type fuzzEnv struct {
@@ -401,16 +401,16 @@ func fuzzSeeds() map[string][]byte {
 	)
 	add(
 		"valid-layout-tp2",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":2,"tp_rank":1}}`,
+		`{"checkpoint":"qwen2-moe-tiny","layout":{"engine":"vllm","tensor_parallel_size":2,"tp_rank":1}}`,
 	)
 	add(
 		"valid-layout-ep",
-		`{"checkpoint":"llama-tiny","format":"safetensors","layout":{"engine":"vllm","tensor_parallel_size":2,"tp_rank":0,
+		`{"checkpoint":"qwen2-moe-tiny","format":"safetensors","layout":{"engine":"vllm","tensor_parallel_size":2,"tp_rank":0,
  "data_parallel_size":2,"dp_rank":1,"enable_expert_parallel":true,"dtype":"F32"}}`,
 	)
 	add(
 		"mut-layout-megatron-on-moe",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"megatron","tensor_parallel_size":4,"tp_rank":3}}`,
+		`{"checkpoint":"qwen2-moe-tiny","layout":{"engine":"megatron","tensor_parallel_size":4,"tp_rank":3}}`,
 	)
 	for name, req := range example.Requests() {
 		b, _ := json.Marshal(req)
@@ -435,23 +435,23 @@ func fuzzSeeds() map[string][]byte {
  "boxes":[{"offsets":[`+strings.Repeat("0,", 63)+`0],"lengths":[`+strings.Repeat("2,", 63)+`2]}],"fill":0}]}`)
 	add(
 		"mut-layout-huge-tp",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":1099511627776,"tp_rank":-1,`+
+		`{"checkpoint":"qwen2-moe-tiny","layout":{"engine":"vllm","tensor_parallel_size":1099511627776,"tp_rank":-1,`+
 			`"data_parallel_size":0}}`,
 	)
 	// TP × DP that wraps to 0 (a division by zero), to −2, or past the ranks with a rank of 2^62.
 	add(
 		"mut-layout-tp-dp-wraps-to-zero",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":4,`+
+		`{"checkpoint":"qwen2-moe-tiny","layout":{"engine":"vllm","tensor_parallel_size":4,`+
 			`"data_parallel_size":4611686018427387904,"enable_expert_parallel":true}}`,
 	)
 	add(
 		"mut-layout-tp-dp-wraps-negative",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","tensor_parallel_size":2,`+
+		`{"checkpoint":"qwen2-moe-tiny","layout":{"engine":"vllm","tensor_parallel_size":2,`+
 			`"data_parallel_size":9223372036854775807,"enable_expert_parallel":true}}`,
 	)
 	add(
 		"mut-layout-dp-rank-2^62",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm","data_parallel_size":4611686018427387905,`+
+		`{"checkpoint":"qwen2-moe-tiny","layout":{"engine":"vllm","data_parallel_size":4611686018427387905,`+
 			`"dp_rank":4611686018427387904,"enable_expert_parallel":true}}`,
 	)
 	add(
@@ -484,7 +484,7 @@ func fuzzSeeds() map[string][]byte {
 	)
 	add(
 		"mut-duplicate-keys",
-		`{"checkpoint":"m","checkpoint":"llama-tiny","tensors":[{"name":"a","NAME":"b","dtype":"F32","shape":[4,3],
+		`{"checkpoint":"m","checkpoint":"qwen2-moe-tiny","tensors":[{"name":"a","NAME":"b","dtype":"F32","shape":[4,3],
  "boxes":[{"offsets":[0,0],"lengths":[4,3]}],"blocks":[{"offsets":[0,0],"lengths":[4,3],"source":"a","base":[0,0],`+
 			`"coeff":`+id2+`}]}]}`,
 	)
@@ -504,7 +504,7 @@ func fuzzSeeds() map[string][]byte {
 	)
 	add(
 		"mut-table-and-layout",
-		`{"checkpoint":"llama-tiny","layout":{"engine":"vllm"},"tensors":[{"name":"a","dtype":"F32","shape":[1],`+
+		`{"checkpoint":"qwen2-moe-tiny","layout":{"engine":"vllm"},"tensors":[{"name":"a","dtype":"F32","shape":[1],`+
 			`"boxes":[{"offsets":[0],"lengths":[1]}],"fill":0}]}`,
 	)
 	add(

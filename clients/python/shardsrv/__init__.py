@@ -6,12 +6,12 @@ Standard library only. numpy and torch (1.13 or newer) are used when installed, 
     from shardsrv import Client, parse_safetensors
     c = Client("http://shardsrv:8080")
     rank = {"engine": "vllm", "tensor_parallel_size": 2, "tp_rank": 1}
-    body = c.fetch("llama-tiny", layout=rank, format="safetensors")  # the parameters vLLM holds on the rank
+    body = c.fetch("qwen2-moe-tiny", layout=rank, format="safetensors")  # the parameters vLLM holds on the rank
     tensors, meta = parse_safetensors(body)
-    table = c.layout("llama-tiny", rank)             # the explicit table the layout expands to
-    raw = c.fetch("llama-tiny", tensors=table)       # an explicit (perhaps edited) table
-    raw = c.fetch({"checkpoint": "llama-tiny", "tensors": table})   # or a whole request body
-    body, digest = c.fetch_verified("llama-tiny", layout=rank)   # and the digest it was checked against
+    table = c.layout("qwen2-moe-tiny", rank)             # the explicit table the layout expands to
+    raw = c.fetch("qwen2-moe-tiny", tensors=table)       # an explicit (perhaps edited) table
+    raw = c.fetch({"checkpoint": "qwen2-moe-tiny", "tensors": table})   # or a whole request body
+    body, digest = c.fetch_verified("qwen2-moe-tiny", layout=rank)   # and the digest it was checked against
 
 The server lays out whole models from the checkpoint's config.json, so the layouts live in one
 place; a table of your own goes in ``tensors`` (see README.md for blocks and boxes).

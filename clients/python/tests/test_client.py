@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import shardsrv  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-CKPT = "llama-tiny"
+CKPT = "qwen2-moe-tiny"
 L0, L1 = "model.layers.0.", "model.layers.1."
 
 

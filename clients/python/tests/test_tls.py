@@ -62,9 +62,9 @@ class TLS(unittest.TestCase):
 
     def test_a_private_ca_through_ca_file(self):
         c = shardsrv.Client(self.url, ca_file=self.ca, attempts=2, backoff=0.05)
-        self.assertIn("llama-tiny", c.checkpoints())
+        self.assertIn("qwen2-moe-tiny", c.checkpoints())
         layout = {"engine": "vllm", "tensor_parallel_size": 2, "tp_rank": 1}
-        data, digest = c.fetch_verified({"checkpoint": "llama-tiny", "layout": layout})
+        data, digest = c.fetch_verified({"checkpoint": "qwen2-moe-tiny", "layout": layout})
         self.assertTrue(digest.startswith("sha-256=:"))
         self.assertGreater(len(data), 0)
 
