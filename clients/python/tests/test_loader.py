@@ -94,6 +94,19 @@ if torch is not None:
 
     DEEPSEEK = {"deepseek-x": vl.DeepseekConfig, "deepseek-x-noq": DeepseekWithoutQLora}
 
+    class DeepseekBlockFP8(vl.DeepseekConfig):
+        """Block FP8 with 8 × 8 blocks, sized as vLLM's validate_block_quant_shapes requires at TP 8
+        (every TP-split dimension of a rank a whole number of blocks) but with the last part of
+        fused_qkv_a_proj (kv_lora + rope = 36 rows) and kv_b_proj's input (28) not, as a merged
+        layer's last part and an unsplit dimension may be: their scales round up."""
+        block = [8, 8]
+        inter, moe_inter, kv_lora, rope, nope, v_head = 128, 64, 28, 8, 16, 16
+
+    class DeepseekBlockFP8WithoutQLora(DeepseekBlockFP8):
+        q_lora = None
+
+    DEEPSEEK_FP8 = {"deepseek-fp8-x": DeepseekBlockFP8, "deepseek-fp8-x-noq": DeepseekBlockFP8WithoutQLora}
+
 
 def server_name(name):
     """The name vLLM v0.10.2's saved state dict gives a DeepSeek parameter, from the one
@@ -127,9 +140,11 @@ class LiveCheckpoints(unittest.TestCase):
         for seed, (name, (arch, tie, hf)) in enumerate(cls.CHECKPOINTS.items()):
             cls.tensors[name] = random_tensors(vl.checkpoint_shapes(arch, tie), seed)
             write_checkpoint(os.path.join(cls.tmp.name, name), cls.tensors[name], hf and hf_config(hf, tie))
-        for seed, (name, c) in enumerate(DEEPSEEK.items(), start=100):
+        for seed, (name, c) in enumerate({**DEEPSEEK, **DEEPSEEK_FP8}.items(), start=100):
             cls.tensors[name] = random_tensors(vl.deepseek_checkpoint(c), seed)
             write_checkpoint(os.path.join(cls.tmp.name, name), cls.tensors[name], c.hf())
+        cls.tensors["qwen2-moe-x"] = random_tensors(vl.qwen2_moe_checkpoint(), 200)
+        write_checkpoint(os.path.join(cls.tmp.name, "qwen2-moe-x"), cls.tensors["qwen2-moe-x"], vl.Qwen2MoeConfig.hf())
         binary = os.environ.get("SHARDSRV_BIN", os.path.join(ROOT, "bin", "shardsrv"))
         import socket
         with socket.socket() as s:
@@ -223,6 +238,43 @@ class Equivalence(LiveCheckpoints):
                     want = {n: bytes(buf) for n, (_, _, buf) in parsed.items()}
                     self.assertEqual(sorted(want), sorted(got))
                     self.assertEqual([n for n in want if want[n] != got[n]], [])
+
+    def assert_loads_exactly_and_as_the_server_lays_out(self, checkpoint, build, tp, r, ep, names=lambda n: n):
+        """(a) the model's load_weights on the whole tensors against (b) capture -> shardsrv ->
+        load_model_weights, byte for byte, and (b) against the server's vllm layout (v0.10), the
+        names mapped by names."""
+        real = build(vl.Rank(tp, r, ep))
+        with torch.no_grad():
+            real.load_weights(iter(self.tensors[checkpoint].items()))
+        model = build(vl.Rank(tp, r, ep))
+        report = loader.load_model_weights(model, self.client, checkpoint)
+        self.assertEqual(report.fallbacks, [])
+        want, got = state(real), state(model)
+        self.assertEqual(sorted(want), sorted(got))
+        self.assertEqual([n for n in want if want[n] != got[n]], [], "parameters whose bytes differ")
+        got = {names(n): b for n, b in got.items() if b}  # the saved state dict drops empty tensors
+        layout = {"engine": "vllm", "engine_version": "0.10", "tensor_parallel_size": tp, "tp_rank": r,
+                  "enable_expert_parallel": ep}
+        parsed, _ = shardsrv.parse_safetensors(self.client.fetch(checkpoint, layout=layout, format="safetensors"))
+        want = {n: bytes(buf) for n, (_, _, buf) in parsed.items()}
+        self.assertEqual(sorted(want), sorted(got))
+        self.assertEqual([n for n in want if want[n] != got[n]], [])
+
+    def test_block_fp8_deepseek_loads_exactly_and_agrees_with_the_servers_vllm_layout(self):
+        """Block-FP8 DeepSeek-V3 (weights as FP8 bit patterns, weight_scale_inv split in blocks)
+        at every rank, EP off and on."""
+        for checkpoint, c in DEEPSEEK_FP8.items():
+            for tp, r, ep in self.ranks():
+                with self.subTest(checkpoint=checkpoint, tp=tp, rank=r, ep=ep):
+                    self.assert_loads_exactly_and_as_the_server_lays_out(
+                        checkpoint, lambda rank: vl.DeepseekV3(rank, c), tp, r, ep, server_name)
+
+    def test_qwen2_moe_loads_exactly_and_agrees_with_the_servers_vllm_layout(self):
+        """Qwen2-MoE (dense and sparse layers, experts, the TP-split shared_expert, the whole
+        shared_expert_gate) at every rank, EP off and on."""
+        for tp, r, ep in self.ranks():
+            with self.subTest(tp=tp, rank=r, ep=ep):
+                self.assert_loads_exactly_and_as_the_server_lays_out("qwen2-moe-x", vl.Qwen2Moe, tp, r, ep)
 
     def test_a_body_damaged_on_every_attempt_fails_the_load(self):
         from test_client import Proxy

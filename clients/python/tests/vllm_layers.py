@@ -1,6 +1,6 @@
 """Tiny models whose weight loaders follow vLLM's, written for the tests from vLLM's sources
 (model_executor/layers/linear.py, vocab_parallel_embedding.py, fused_moe/layer.py,
-model_loader/weight_utils.py, models/llama.py, mixtral.py, deepseek_v2.py; the loader API of
+model_loader/weight_utils.py, models/llama.py, mixtral.py, qwen2_moe.py, deepseek_v2.py; the loader API of
 v0.10 to the current main branch). Each layer is built for one rank (tp_size, tp_rank; with
 expert parallelism the experts go whole over the TP ranks, linearly, and the MoE's own TP is 1),
 and its parameters carry their weight_loader as vLLM's do. Nothing here knows about shardsrv."""
@@ -585,4 +585,128 @@ def deepseek_checkpoint(c=DeepseekConfig):
         mlp(p + "mlp.shared_experts.", c.moe_inter * c.n_shared)
     add("model.norm.weight", [c.hidden])
     add("lm_head.weight", [c.vocab, c.hidden])
+    return out
+
+
+class Qwen2MoeConfig:
+    """Qwen2-MoE's config.json fields the model reads, tiny: decoder_sparse_step 2 with layer 3 in
+    mlp_only_layers leaves layer 1 the only sparse one; 8 experts so that TP 8 is allowed
+    (Qwen2MoeSparseMoeBlock raises when tp_size > num_experts)."""
+    vocab, hidden, heads, kv_heads, layers = 1100, 64, 8, 2, 4
+    inter, moe_inter, shared_inter, experts = 64, 32, 48, 8
+    decoder_sparse_step, mlp_only_layers = 2, [3]
+
+    @classmethod
+    def hf(cls):
+        return {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": cls.hidden,
+                "num_attention_heads": cls.heads, "num_key_value_heads": cls.kv_heads,
+                "num_hidden_layers": cls.layers, "vocab_size": cls.vocab, "intermediate_size": cls.inter,
+                "moe_intermediate_size": cls.moe_inter, "shared_expert_intermediate_size": cls.shared_inter,
+                "num_experts": cls.experts, "num_experts_per_tok": 2, "decoder_sparse_step": cls.decoder_sparse_step,
+                "mlp_only_layers": cls.mlp_only_layers, "norm_topk_prob": False, "tie_word_embeddings": False,
+                "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}
+
+    @classmethod
+    def sparse(cls, i):
+        """Qwen2MoeDecoderLayer's rule for a sparse block."""
+        return i not in cls.mlp_only_layers and cls.experts > 0 and (i + 1) % cls.decoder_sparse_step == 0
+
+
+class Qwen2MoeMLP(nn.Module):
+    def __init__(self, rank, hidden, inter):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallel(rank, [inter, inter], hidden)
+        self.down_proj = RowParallel(rank, hidden, inter)
+
+
+class Qwen2Moe(nn.Module):
+    """Qwen2MoeForCausalLM as vLLM's qwen2_moe.py builds it for a rank: Qwen2MoeAttention (head_dim
+    hidden // heads, q/k/v biases), a sparse block (gate, FusedMoE experts, a TP-split
+    shared_expert, a whole shared_expert_gate loaded by default_weight_loader) or a dense
+    Qwen2MoeMLP per Qwen2MoeConfig.sparse, and Qwen2MoeModel.load_weights' loop."""
+
+    def __init__(self, rank, c=Qwen2MoeConfig):
+        super().__init__()
+        self.c = c
+        head_dim = c.hidden // c.heads
+        self.model = nn.Module()
+        self.model.embed_tokens = VocabParallelEmbedding(rank, c.vocab, c.hidden)
+        self.model.layers = nn.ModuleList()
+        for i in range(c.layers):
+            layer = nn.Module()
+            layer.input_layernorm = Replicated([c.hidden])
+            layer.post_attention_layernorm = Replicated([c.hidden])
+            layer.self_attn = nn.Module()
+            layer.self_attn.qkv_proj = QKVParallel(rank, c.hidden, head_dim, c.heads, c.kv_heads, bias=True)
+            layer.self_attn.o_proj = RowParallel(rank, c.hidden, c.heads * head_dim)
+            if c.sparse(i):
+                layer.mlp = nn.Module()
+                layer.mlp.gate = Replicated([c.experts, c.hidden])
+                layer.mlp.shared_expert_gate = nn.Module()
+                layer.mlp.shared_expert_gate.weight = nn.Parameter(torch.full([1, c.hidden], 3.0).bfloat16(),
+                                                                   requires_grad=False)  # torch.nn.Linear
+                layer.mlp.shared_expert = Qwen2MoeMLP(rank, c.hidden, c.shared_inter)
+                layer.mlp.experts = FusedMoE(rank, c.experts, c.hidden, c.moe_inter)
+            else:
+                layer.mlp = Qwen2MoeMLP(rank, c.hidden, c.inter)
+            self.model.layers.append(layer)
+        self.model.norm = Replicated([c.hidden])
+        self.lm_head = VocabParallelEmbedding(rank, c.vocab, c.hidden)
+
+    def load_weights(self, weights):
+        stacked = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+                   ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+        experts = FusedMoE.make_expert_params_mapping("", "gate_proj", "down_proj", "up_proj", self.c.experts)
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, w in weights:
+            for param_name, weight_name, shard_id in stacked:
+                if weight_name not in name or "mlp.experts" in name:
+                    continue
+                name = name.replace(weight_name, param_name)
+                params[name].weight_loader(params[name], w, shard_id)
+                break
+            else:
+                for param_name, weight_name, expert_id, shard_id in experts:
+                    if weight_name not in name:
+                        continue
+                    name = name.replace(weight_name, param_name)
+                    params[name].weight_loader(params[name], w, name, shard_id=shard_id, expert_id=expert_id)
+                    break
+                else:
+                    p = params[name]
+                    getattr(p, "weight_loader", default_weight_loader)(p, w)
+            loaded.add(name)
+        return loaded
+
+
+def qwen2_moe_checkpoint(c=Qwen2MoeConfig):
+    """Qwen2-MoE's Hugging Face tensors: {name: (shape, dtype)}."""
+    bf = torch.bfloat16
+    head_dim = c.hidden // c.heads
+    out = {"model.embed_tokens.weight": ([c.vocab, c.hidden], bf)}
+
+    def mlp(p, inter):
+        for w, shape in (("gate_proj", [inter, c.hidden]), ("up_proj", [inter, c.hidden]),
+                         ("down_proj", [c.hidden, inter])):
+            out[p + w + ".weight"] = (shape, bf)
+
+    for i in range(c.layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = ([c.hidden], bf)
+        out[p + "post_attention_layernorm.weight"] = ([c.hidden], bf)
+        for w, n in (("q_proj", c.heads), ("k_proj", c.kv_heads), ("v_proj", c.kv_heads)):
+            out[f"{p}self_attn.{w}.weight"] = ([n * head_dim, c.hidden], bf)
+            out[f"{p}self_attn.{w}.bias"] = ([n * head_dim], bf)
+        out[p + "self_attn.o_proj.weight"] = ([c.hidden, c.heads * head_dim], bf)
+        if not c.sparse(i):
+            mlp(p + "mlp.", c.inter)
+            continue
+        out[p + "mlp.gate.weight"] = ([c.experts, c.hidden], bf)
+        out[p + "mlp.shared_expert_gate.weight"] = ([1, c.hidden], bf)
+        mlp(p + "mlp.shared_expert.", c.shared_inter)
+        for e in range(c.experts):
+            mlp(f"{p}mlp.experts.{e}.", c.moe_inter)
+    out["model.norm.weight"] = ([c.hidden], bf)
+    out["lm_head.weight"] = ([c.vocab, c.hidden], bf)
     return out
