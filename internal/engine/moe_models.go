@@ -10,8 +10,8 @@ import (
 //     block_sparse_moe.experts from the checkpoint's experts.N.w1 (gate), w3 (up), w2 (down).
 //   - Qwen2MoeForCausalLM (models/qwen2_moe.py): a sparse layer where the layer is not in
 //     mlp_only_layers and (i+1) % decoder_sparse_step == 0, else a dense mlp; sparse layers hold
-//     mlp.gate, mlp.experts, and when shared_expert_intermediate_size > 0 mlp.shared_expert (a
-//     TP-split gated MLP) and mlp.shared_expert_gate [1, H] (replicated).
+//     mlp.gate, mlp.experts, when shared_expert_intermediate_size > 0 mlp.shared_expert (a
+//     TP-split gated MLP), and always mlp.shared_expert_gate [1, H] (replicated).
 //   - Qwen3MoeForCausalLM (models/qwen3_moe.py): the same sparse rule, no shared expert.
 func init() {
 	register("vllm", mixtral, "MixtralForCausalLM")
@@ -62,12 +62,17 @@ func qwenMoE(m *model) error {
 		}); err != nil {
 			return err
 		}
-		if shared, err := m.cfg.int("shared_expert_intermediate_size", 0); err != nil || shared == 0 {
-			return err
+		if m.cfg.architecture() != "Qwen2MoeForCausalLM" {
+			return nil
 		}
-		if err := m.mlp(mlp+"shared_expert.", mlp+"shared_expert.", "gate_proj", "up_proj", "down_proj"); err != nil {
+		if shared, err := m.cfg.int("shared_expert_intermediate_size", 0); err != nil {
 			return err
+		} else if shared > 0 {
+			if err := m.mlp(mlp+"shared_expert.", mlp+"shared_expert.", "gate_proj", "up_proj", "down_proj"); err != nil {
+				return err
+			}
 		}
+		// Built whether or not there is a shared expert: a checkpoint without it is refused.
 		return m.replicated(mlp+"shared_expert_gate.weight", mlp+"shared_expert_gate.weight", m.dtype)
 	})
 }
