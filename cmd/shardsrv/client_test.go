@@ -278,19 +278,19 @@ func TestFetchLayoutWritesAShardedStateDirectory(t *testing.T) {
 		if err := fetch(args, &bytes.Buffer{}, &errs); err != nil {
 			t.Fatalf("%v: %v %s", args, err, errs.String())
 		}
-		wantNames := []string{"config.json", "generation_config.json"}
+		smallFiles := []string{"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
+		var wantNames []string
 		for _, r := range c0.ranks {
-			wantNames = append(wantNames, "model-rank-"+string(rune('0'+r))+"-part-0.safetensors")
+			rank := "model-rank-" + string(rune('0'+r)) + "-part-0.safetensors"
+			wantNames = append(wantNames, rank, recordName(rank))
 		}
+		wantNames = append(wantNames, smallFiles...)
 		names := fileNames(t, dir)
-		for _, n := range wantNames[2:] {
-			wantNames = append(wantNames, recordName(n))
-		}
 		slices.Sort(wantNames)
 		if !slices.Equal(names, wantNames) {
 			t.Fatalf("%v wrote %v, want %v", args, names, wantNames)
 		}
-		for _, f := range []string{"config.json", "generation_config.json"} {
+		for _, f := range smallFiles {
 			got, _ := os.ReadFile(filepath.Join(dir, f))
 			if want, _ := os.ReadFile(filepath.Join(folder, f)); !bytes.Equal(got, want) {
 				t.Errorf("%s differs from the checkpoint's", f)
@@ -410,7 +410,7 @@ func TestFetchSmallFilesWritesNoWeights(t *testing.T) {
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
-	if want := []string{"config.json", "generation_config.json"}; !slices.Equal(names, want) {
+	if want := []string{"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}; !slices.Equal(names, want) {
 		t.Errorf("--small-files wrote %v, want %v", names, want)
 	}
 	if err := fetch([]string{"--server", url, "--checkpoint", example.Name, "--small-files", "--layout", "vllm",

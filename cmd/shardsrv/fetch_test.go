@@ -111,7 +111,8 @@ func TestInterruptedFetchLeavesNoTempAndResumes(t *testing.T) {
 		t.Errorf("the rerun fetched %d ranks, want only the missing one:\n%s", n, errs.String())
 	}
 	want = []string{recordName("model-rank-0-part-0.safetensors"), recordName("model-rank-1-part-0.safetensors"),
-		"config.json", "generation_config.json", "model-rank-0-part-0.safetensors", "model-rank-1-part-0.safetensors"}
+		"config.json", "generation_config.json", "model-rank-0-part-0.safetensors", "model-rank-1-part-0.safetensors",
+		"tokenizer.json", "tokenizer_config.json"}
 	if names := fileNames(t, dir); !slices.Equal(names, want) {
 		t.Errorf("after the rerun the directory holds %v, want %v", names, want)
 	}

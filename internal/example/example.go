@@ -1,7 +1,8 @@
 // Package example writes the checkpoint `make run` serves: a tiny Qwen2-MoE (separate q/k/v with
-// biases and grouped KV heads, a dense gate/up/down layer, a sparse layer of a few experts, an
-// embedding, norms), as two indexed safetensors files, and request files that show the remaps
-// engines use.
+// biases and grouped KV heads, a dense gate/up/down layer, a sparse layer of a few experts with a
+// shared expert and its gate, an embedding, norms), as two indexed safetensors files with the
+// small files `vllm serve DIR` reads (config, generation config, a byte-level tokenizer), and
+// request files that show the remaps engines use.
 package example
 
 import (
@@ -32,6 +33,7 @@ const (
 	Vocab        = 256
 	Experts      = 4
 	ExpertInter  = 32
+	SharedInter  = 64
 )
 
 func bf16Tensor(name string, r *rand.Rand, shape ...int64) safetensors.TensorData {
@@ -81,6 +83,12 @@ func Generate(dir string) (requests []string, err error) {
 			bf16Tensor(p+"down_proj.weight", r, Hidden, ExpertInter))
 	}
 	file2 = append(file2, bf16Tensor("model.norm.weight", r, Hidden), bf16Tensor("lm_head.weight", r, Vocab, Hidden))
+	// Drawn last, so the tensors above keep their bytes.
+	file2 = append(file2,
+		bf16Tensor("model.layers.1.mlp.shared_expert.gate_proj.weight", r, SharedInter, Hidden),
+		bf16Tensor("model.layers.1.mlp.shared_expert.up_proj.weight", r, SharedInter, Hidden),
+		bf16Tensor("model.layers.1.mlp.shared_expert.down_proj.weight", r, Hidden, SharedInter),
+		bf16Tensor("model.layers.1.mlp.shared_expert_gate.weight", r, 1, Hidden))
 
 	ckdir := filepath.Join(dir, Name)
 	if err := os.MkdirAll(ckdir, 0o755); err != nil {
@@ -105,7 +113,12 @@ func Generate(dir string) (requests []string, err error) {
 	}
 	for name, v := range map[string]any{
 		"config.json":            Config(),
-		"generation_config.json": map[string]any{"do_sample": false},
+		"generation_config.json": map[string]any{"do_sample": false, "eos_token_id": 0},
+		"tokenizer.json":         tokenizer(),
+		"tokenizer_config.json": map[string]any{
+			"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": byteLevel()[0],
+			"model_max_length": 2048, "clean_up_tokenization_spaces": false,
+		},
 	} {
 		if err := writeJSON(filepath.Join(ckdir, name), v); err != nil {
 			return nil, err
@@ -134,8 +147,44 @@ func Config() map[string]any {
 		"hidden_size": Hidden, "num_attention_heads": Heads, "num_key_value_heads": KVHeads, "num_hidden_layers": 2,
 		"intermediate_size": Intermediate, "vocab_size": Vocab, "tie_word_embeddings": false,
 		"num_experts": Experts, "moe_intermediate_size": ExpertInter, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
-		"mlp_only_layers": []int{0}, "shared_expert_intermediate_size": 0,
+		"mlp_only_layers": []int{0}, "shared_expert_intermediate_size": SharedInter,
+		"hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "eos_token_id": 0,
 	}
+}
+
+// tokenizer is a Hugging Face tokenizers file for a byte-level BPE without merges: token i is byte
+// i, so the Vocab ids cover every input and the NUL byte serves as the end of text.
+func tokenizer() map[string]any {
+	vocab := map[string]int{}
+	for i, tok := range byteLevel() {
+		vocab[tok] = i
+	}
+	byteLevelStep := map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+	return map[string]any{
+		"version": "1.0", "truncation": nil, "padding": nil, "added_tokens": []any{}, "normalizer": nil,
+		"pre_tokenizer": byteLevelStep, "post_processor": nil, "decoder": byteLevelStep,
+		"model": map[string]any{
+			"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": nil,
+			"end_of_word_suffix": nil, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+			"vocab": vocab, "merges": []any{},
+		},
+	}
+}
+
+// byteLevel is the ByteLevel pre-tokenizer's alphabet by byte (GPT-2's bytes_to_unicode): printable
+// Latin-1 bytes stand for themselves, the others for U+0100 onwards in byte order.
+func byteLevel() []string {
+	out := make([]string, 256)
+	next := rune(256)
+	for b := range 256 {
+		if ('!' <= b && b <= '~') || (0xA1 <= b && b <= 0xAC) || (0xAE <= b && b <= 0xFF) {
+			out[b] = string(rune(b))
+		} else {
+			out[b] = string(next)
+			next++
+		}
+	}
+	return out
 }
 
 func writeJSON(path string, v any) error {

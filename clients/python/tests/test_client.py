@@ -242,7 +242,8 @@ class LiveServer(unittest.TestCase):
 
     def test_files(self):
         files = self.client.files(CKPT)
-        self.assertEqual([f["name"] for f in files], ["config.json", "generation_config.json"])
+        self.assertEqual([f["name"] for f in files],
+                         ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"])
         for f in files:
             with open(os.path.join(self.folder, f["name"]), "rb") as disk:
                 want = disk.read()
@@ -250,7 +251,7 @@ class LiveServer(unittest.TestCase):
             self.assertEqual(f["size"], len(want))
         self.assertEqual(json.loads(self.client.file(CKPT, "config.json"))["architectures"], ["Qwen2MoeForCausalLM"])
         with self.assertRaises(shardsrv.ProblemError) as ctx:
-            self.client.file(CKPT, "tokenizer.json")
+            self.client.file(CKPT, "tokenizer.model")  # a small file's name the checkpoint does not have
         self.assertEqual(ctx.exception.status, 404)
 
     def test_problems_are_typed_errors(self):
