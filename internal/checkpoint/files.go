@@ -85,11 +85,7 @@ func (c *Catalog) StatFile(ctx context.Context, checkpoint, name string) (File, 
 }
 
 // ReadFile reads a small file whole, at the version StatFile saw.
-func (c *Catalog) ReadFile(ctx context.Context, checkpoint, name string) ([]byte, error) {
-	f, err := c.StatFile(ctx, checkpoint, name)
-	if err != nil {
-		return nil, err
-	}
+func (c *Catalog) ReadFile(ctx context.Context, f File) ([]byte, error) {
 	buf := make([]byte, f.Size)
 	if err := c.store.ReadAt(ctx, f.Key, f.Version, buf, 0); err != nil {
 		return nil, err

@@ -75,3 +75,55 @@ func checkDims(name string, shape []int64) error {
 	}
 	return nil
 }
+
+// config.json is parsed within limits, so the memory it takes is bounded by its length: at most
+// MaxConfigValues values (objects, arrays, strings, numbers, literals: the largest real configs
+// have a few thousand), nested at most MaxConfigDepth deep (real ones nest four or five).
+const (
+	MaxConfigDepth  = 32
+	MaxConfigValues = 1 << 16
+	// configValueBytes is the most one decoded value takes beyond its string bytes: an interface,
+	// a map entry or slice slot with its share of growth, a boxed float64.
+	configValueBytes = 128
+)
+
+// ConfigMemory is the most memory Build holds for a config.json of n bytes, for the caller to
+// reserve: the bytes, the strings decoded from them (no longer than they are), and the Go values
+// of at most MaxConfigValues values.
+func ConfigMemory(n int64) int64 { return 2*n + MaxConfigValues*configValueBytes }
+
+// checkConfigShape refuses a config.json nested deeper than MaxConfigDepth or holding more than
+// MaxConfigValues values, before it is decoded. It counts without parsing: every value but the
+// first follows a comma or opens a container, so commas plus openings bound the values.
+func checkConfigShape(b []byte) error {
+	depth, values, inString := 0, 1, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '{', '[':
+			if depth++; depth > MaxConfigDepth {
+				return checkpointError("config.json nests deeper than %d levels", MaxConfigDepth)
+			}
+			values++
+		case '}', ']':
+			depth--
+		case ',':
+			values++
+		}
+		if values > MaxConfigValues {
+			return checkpointError("config.json holds more than %d values", MaxConfigValues)
+		}
+	}
+	return nil
+}

@@ -158,6 +158,9 @@ func parseConfig(b []byte) (config, error) {
 	if !utf8.Valid(b) {
 		return nil, checkpointError("config.json is not UTF-8")
 	}
+	if err := checkConfigShape(b); err != nil {
+		return nil, err
+	}
 	var c config
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, checkpointError("config.json is not a JSON object: %v", err)

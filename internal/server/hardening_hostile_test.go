@@ -136,3 +136,26 @@ func TestFilesRouteServesDocumentedFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestLayoutConfigOverLimits: a config.json over --max-config-bytes, nested too deep or holding
+// too many values is a 422 that names the file.
+func TestLayoutConfigOverLimits(t *testing.T) {
+	h, cfg := hostileHarness(t)
+	for pad, want := range map[string]string{
+		`"` + strings.Repeat("a", 5<<20) + `"`:            "config.json is 5243",
+		strings.Repeat("[", 33) + strings.Repeat("]", 33): "config.json nests deeper than 32",
+		"[" + strings.Repeat("0,", 1<<16) + "0]":          "config.json holds more than 65536 values",
+	} {
+		h.put("moe/config.json", append([]byte(`{"_padding":`+pad+`,`), cfg[1:]...))
+		for _, route := range layoutRoutes {
+			res := h.do("POST", route, map[string]any{"checkpoint": "moe", "layout": map[string]any{"engine": "vllm"}})
+			wantProblem(t, route, res, "/layout", want)
+		}
+	}
+	// Brackets and commas inside strings are text, not structure.
+	h.put("moe/config.json", append([]byte(`{"_padding":"`+strings.Repeat(`[,\"`, 1<<16)+`",`), cfg[1:]...))
+	res := h.do("POST", "/v1/layouts", map[string]any{"checkpoint": "moe", "layout": map[string]any{"engine": "vllm"}})
+	if res.status != 200 {
+		t.Fatalf("a config.json with brackets in a string: %d %s", res.status, res.body)
+	}
+}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -33,7 +34,7 @@ func (s *Server) expandLayout(ctx context.Context, req *api.ShardRequest, ck *ch
 			Errors: []api.FieldError{{Pointer: "/layout", Detail: "drop tensors or layout"}},
 		}
 	}
-	config, err := s.cfg.Catalog.ReadFile(ctx, req.Checkpoint, configFile)
+	f, err := s.cfg.Catalog.StatFile(ctx, req.Checkpoint, configFile)
 	if errors.Is(err, checkpoint.ErrNoFile) {
 		return &Problem{
 			Status: http.StatusUnprocessableEntity,
@@ -43,6 +44,27 @@ func (s *Server) expandLayout(ctx context.Context, req *api.ShardRequest, ck *ch
 			Errors: []api.FieldError{{Pointer: "/layout", Detail: "the checkpoint has no config.json"}},
 		}
 	}
+	if err != nil {
+		return err
+	}
+	if limit := s.cfg.Limits.MaxConfigBytes; f.Size > limit {
+		detail := fmt.Sprintf("%s is %d bytes, over --max-config-bytes %d", configFile, f.Size, limit)
+		return &Problem{
+			Status: http.StatusUnprocessableEntity,
+			Slug:   "checkpoint-over-limits",
+			Title:  "A checkpoint file is over this server's limits",
+			Detail: detail,
+			Errors: []api.FieldError{{Pointer: "/layout", Detail: detail}},
+		}
+	}
+	// The config and what it decodes to are held only while the layout is built.
+	cost := engine.ConfigMemory(f.Size)
+	release, err := s.cfg.Executor.Reserve(ctx, cost)
+	if err != nil {
+		return err
+	}
+	defer release(cost)
+	config, err := s.cfg.Catalog.ReadFile(ctx, f)
 	if err != nil {
 		return err
 	}

@@ -71,6 +71,9 @@ type Limits struct {
 	MaxBodyBytes int64 // a request body, after decoding (413 above)
 	MaxTensors   int   // tensors per request (413 above)
 	MaxBlocks    int   // blocks per request, all tensors together (413 above)
+	// MaxConfigBytes caps the config.json a layout is built from (422 above, naming the file); a
+	// layout reserves engine.ConfigMemory of its length from the memory budget while it is built.
+	MaxConfigBytes int64
 	// MaxStreams caps the requests that plan at once: shard streams and /v1/plan together (503
 	// with Retry-After above). A request takes its slot only once its body is read and checked, so
 	// a client that is slow to send holds none.
@@ -86,9 +89,12 @@ type Limits struct {
 
 // The limits' defaults, for flags and for Limits left at zero.
 const (
-	DefaultMaxBodyBytes   = 64 << 20
-	DefaultMaxTensors     = 65536
-	DefaultMaxBlocks      = 1 << 20
+	DefaultMaxBodyBytes = 64 << 20
+	DefaultMaxTensors   = 65536
+	DefaultMaxBlocks    = 1 << 20
+	// DefaultMaxConfigBytes is forty times the largest config.json of a released model we know of
+	// (multimodal configs of ~100 KB; a text model's is a few KB).
+	DefaultMaxConfigBytes = 4 << 20
 	DefaultMaxStreams     = 256
 	DefaultRequestTimeout = 30 * time.Minute
 	DefaultWriteTimeout   = time.Minute
@@ -101,6 +107,9 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(bytesize.Value{P: &l.MaxBodyBytes}, "max-body-bytes", "largest request `SIZE` accepted (413 above)")
 	fs.IntVar(&l.MaxTensors, "max-tensors", DefaultMaxTensors, "tensors per request (413 above)")
 	fs.IntVar(&l.MaxBlocks, "max-blocks", DefaultMaxBlocks, "blocks per request, all tensors together (413 above)")
+	l.MaxConfigBytes = DefaultMaxConfigBytes
+	fs.Var(bytesize.Value{P: &l.MaxConfigBytes}, "max-config-bytes",
+		"largest config.json `SIZE` a layout is built from (422 above)")
 	fs.IntVar(&l.MaxStreams, "max-streams", DefaultMaxStreams,
 		"requests planning or streaming at once, /v1/shards and /v1/plan together (503 with Retry-After above)")
 	fs.DurationVar(
@@ -122,9 +131,10 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 
 // Validate reports limits the server cannot run with.
 func (l *Limits) Validate() error {
-	if l.MaxBodyBytes < 1 || l.MaxTensors < 1 || l.MaxBlocks < 1 || l.MaxStreams < 1 ||
+	if l.MaxBodyBytes < 1 || l.MaxTensors < 1 || l.MaxBlocks < 1 || l.MaxStreams < 1 || l.MaxConfigBytes < 1 ||
 		l.RequestTimeout <= 0 || l.WriteTimeout <= 0 || l.BodyTimeout <= 0 {
-		return errors.New("--max-body-bytes, --max-tensors, --max-blocks, --max-streams and the timeouts must be positive")
+		return errors.New("--max-body-bytes, --max-tensors, --max-blocks, --max-streams, --max-config-bytes " +
+			"and the timeouts must be positive")
 	}
 	return nil
 }
@@ -169,6 +179,9 @@ func New(cfg Config) *Server {
 	}
 	if l.MaxBodyBytes <= 0 {
 		l.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if l.MaxConfigBytes <= 0 {
+		l.MaxConfigBytes = DefaultMaxConfigBytes
 	}
 	s := &Server{
 		cfg:     cfg,
