@@ -236,13 +236,17 @@ func serve(args []string, stderr io.Writer) error {
 	executorConfig.MaxRead = c.planner.MaxRead
 	executorConfig.MemoryBytes -= c.cache.Bytes // the cache takes its part of the budget up front
 	executorConfig.Tracer = tel.Tracer.Tracer("shardsrv/executor")
+	exec := executor.New(st, executorConfig)
 	catalog := checkpoint.New(st)
 	// Every file of a checkpoint is asked for its version at most once a second: a replaced file
 	// is served new within a second, cache or not, at one Stat per file per second.
 	catalog.Revalidate = time.Second
+	// The metadata the catalog and the verifier read and decode is held against the same budget.
+	catalog.ChargeTo(exec.Reserve)
+	verifier.Reserve = exec.Reserve
 	srv := server.New(server.Config{
 		Catalog:    catalog,
-		Executor:   executor.New(st, executorConfig),
+		Executor:   exec,
 		Planner:    c.planner,
 		Limits:     c.limits,
 		Tokens:     tokens,

@@ -33,6 +33,15 @@ const (
 // maxIndexLen bounds the index JSON we read (DeepSeek-V3's is about 9 MB).
 const maxIndexLen = 64 << 20
 
+// indexMemoryFactor is the memory an index takes while it is read and decoded, as a multiple of
+// its length: the bytes, and the 2.4 times them encoding/json allocates decoding a weight_map
+// (measured on a 35 MB index of 400,000 entries).
+const indexMemoryFactor = 4
+
+// Reserve holds n bytes of the process's memory budget, waiting for them or failing (the
+// executor's Reserve); release gives them back.
+type Reserve func(ctx context.Context, n int64) (release func(n int64), err error)
+
 // speculativeRead is the first read of a file: it usually holds the whole header, so a header costs
 // one request, at most two.
 const speculativeRead = 64 << 10
@@ -104,6 +113,7 @@ type Catalog struct {
 	Revalidate time.Duration
 
 	store   store.Store
+	reserve Reserve // nil: reads are not charged to a budget
 	group   singleflight.Group
 	headers *lru.Cache[string, *safetensors.Header] // by key + "@" + version
 	opened  *lru.Cache[string, *opened]             // by checkpoint name
@@ -122,6 +132,10 @@ func New(s store.Store) *Catalog {
 	ckpts, _ := lru.New[string, *opened](256)
 	return &Catalog{store: s, headers: headers, opened: ckpts}
 }
+
+// ChargeTo makes the catalog hold the memory of the metadata it reads (the index) against a
+// budget while it reads it.
+func (c *Catalog) ChargeTo(r Reserve) { c.reserve = r }
 
 // Store is the store the catalog reads.
 func (c *Catalog) Store() store.Store { return c.store }
@@ -304,6 +318,14 @@ func (c *Catalog) readIndex(ctx context.Context, key string, info store.Info) (m
 		return nil, &Error{
 			fmt.Sprintf("%s is %d bytes, more than the %d this service reads", key, info.Size, maxIndexLen),
 		}
+	}
+	if c.reserve != nil {
+		cost := info.Size * indexMemoryFactor
+		release, err := c.reserve(ctx, cost)
+		if err != nil {
+			return nil, err
+		}
+		defer release(cost)
 	}
 	buf := make([]byte, info.Size)
 	if err := c.store.ReadAt(ctx, key, info.Version, buf, 0); err != nil {

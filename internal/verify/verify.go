@@ -52,6 +52,11 @@ const (
 	ModeRequired Mode = "required"  // a checkpoint without a valid signature is refused
 )
 
+// signatureMemoryFactor is the memory verifying a model.sig takes, as a multiple of its length: the
+// bytes, and the 6 times them oms.Verify allocates decoding the envelope, the statement and the
+// manifest (measured on a 204 MB signature of a million shards).
+const signatureMemoryFactor = 7
+
 // MaxSignatureBytes bounds the model.sig read. A statement lists about 200 bytes per shard (base64
 // in the envelope): a 685 GB model in 1 MiB shards signs into about 140 MB.
 const MaxSignatureBytes = 256 << 20
@@ -135,6 +140,10 @@ type Store struct {
 	// Revalidate is how long a folder's signature (or its absence) is trusted before storage is
 	// asked again.
 	Revalidate time.Duration
+	// Reserve, when set, holds a model.sig's memory against the process's budget while it is read
+	// and verified (signatureMemoryFactor times its length), waiting or failing as the budget
+	// does (the executor's Reserve).
+	Reserve func(ctx context.Context, n int64) (release func(n int64), err error)
 
 	signatures *lru.Cache[string, *signature] // folder → its model.sig, verified
 	verdicts   *lru.Cache[string, struct{}]   // key@version of files-manifest files that checked out
@@ -413,6 +422,14 @@ func (s *Store) loadSignature(ctx context.Context, dir string, prev *signature) 
 	case info.Size > MaxSignatureBytes:
 		return nil, fmt.Errorf("%w: %s is %d bytes, more than the %d a signature may have",
 			store.ErrUnverified, key, info.Size, MaxSignatureBytes)
+	}
+	if s.Reserve != nil {
+		cost := info.Size * signatureMemoryFactor
+		release, err := s.Reserve(ctx, cost)
+		if err != nil {
+			return nil, err
+		}
+		defer release(cost)
 	}
 	data := make([]byte, info.Size)
 	if err := s.inner.ReadAt(ctx, key, info.Version, data, 0); err != nil {
