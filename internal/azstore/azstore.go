@@ -206,6 +206,9 @@ func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 		info = store.Info{Size: *props.ContentLength, Version: string(*props.ETag)}
 		return nil
 	})
+	if errors.Is(err, store.ErrNoBucket) { // as on every store (store.ErrNoBucket)
+		return store.Info{}, fmt.Errorf("%w: %v", store.ErrNotFound, err)
+	}
 	return info, err
 }
 
@@ -291,8 +294,7 @@ func (s *Store) Check(ctx context.Context) error {
 	pager := s.container.NewListBlobsFlatPager(&container.ListBlobsFlatOptions{Prefix: &s.cfg.Prefix, MaxResults: &one})
 	_, err := pager.NextPage(ctx)
 	if bloberror.HasCode(err, bloberror.ContainerNotFound) {
-		// Not ErrNotFound: the catalog would report an unknown checkpoint, not a missing store.
-		return fmt.Errorf("%s: the container %q does not exist", s, s.cfg.Container)
+		return fmt.Errorf("%s: %w: the container %q does not exist", s, store.ErrNoBucket, s.cfg.Container)
 	}
 	if err != nil {
 		return s.reader.Err("", err)
@@ -336,7 +338,7 @@ func (s *Store) classify(err error) error {
 		errors.Is(err, context.DeadlineExceeded):
 		return err
 	case code == string(bloberror.ContainerNotFound):
-		return fmt.Errorf("%w: the container %q does not exist", store.ErrNotFound, s.cfg.Container)
+		return fmt.Errorf("%w: the container %q does not exist", store.ErrNoBucket, s.cfg.Container)
 	case status == http.StatusPreconditionFailed:
 		return fmt.Errorf("%w (the blob was replaced)", store.ErrChanged)
 	case status == http.StatusRequestedRangeNotSatisfiable:

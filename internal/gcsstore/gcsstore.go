@@ -143,8 +143,19 @@ func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 }
 
 // ReadAt implements store.Store: ranged reads conditional on the generation in version, resumed
-// where a body broke off.
+// where a body broke off. A read of a missing bucket fails as a missing object does, so a read that
+// finds nothing asks the bucket once whether it is there.
 func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
+	err := s.readAt(ctx, key, version, p, off)
+	if errors.Is(err, store.ErrNotFound) {
+		if cerr := s.Check(ctx); errors.Is(cerr, store.ErrNoBucket) {
+			return cerr
+		}
+	}
+	return err
+}
+
+func (s *Store) readAt(ctx context.Context, key, version string, p []byte, off int64) error {
 	return s.reader.ReadAt(ctx, key, p, off, func(ctx context.Context, off, n int64) (io.ReadCloser, int64, error) {
 		obj := s.bucket.Object(s.key(key))
 		var gen int64
@@ -243,7 +254,7 @@ func (s *Store) classify(err error) error {
 		errors.Is(err, context.DeadlineExceeded):
 		return err
 	case errors.Is(err, storage.ErrBucketNotExist):
-		return fmt.Errorf("the bucket %q does not exist", s.cfg.Bucket)
+		return fmt.Errorf("%w: the bucket %q does not exist", store.ErrNoBucket, s.cfg.Bucket)
 	case code == http.StatusPreconditionFailed:
 		return fmt.Errorf("%w (the object was replaced)", store.ErrChanged)
 	case code == http.StatusRequestedRangeNotSatisfiable:

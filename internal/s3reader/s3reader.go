@@ -255,7 +255,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 func (s *Store) Check(ctx context.Context) error {
 	_, err := s.client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &s.cfg.Bucket})
 	if status(err) == http.StatusNotFound {
-		return fmt.Errorf("%s: the bucket %q does not exist", s, s.cfg.Bucket)
+		return fmt.Errorf("%s: %w: the bucket %q does not exist", s, store.ErrNoBucket, s.cfg.Bucket)
 	}
 	if err != nil {
 		return s.reader.Err("", err)
@@ -299,7 +299,7 @@ func (s *Store) classify(err error) error {
 	case st == http.StatusRequestedRangeNotSatisfiable || c == "InvalidRange":
 		return store.ErrOutOfRange
 	case c == "NoSuchBucket":
-		return fmt.Errorf("the bucket %q does not exist", s.cfg.Bucket)
+		return fmt.Errorf("%w: the bucket %q does not exist", store.ErrNoBucket, s.cfg.Bucket)
 	case st == http.StatusNotFound || c == "NoSuchKey" || c == "NotFound":
 		return store.ErrNotFound
 	case st == http.StatusForbidden || c == "AccessDenied" || c == "InvalidAccessKeyId" || c == "SignatureDoesNotMatch":

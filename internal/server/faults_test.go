@@ -329,7 +329,7 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 
 func TestS3MissingBucketIsA502(t *testing.T) {
 	e := faultServer(t, s3reader.Config{Bucket: "no-such-bucket", RetryBudget: time.Second})
-	e.expectProblem(t, 502, "no-such-bucket")
+	e.expectProblem(t, 502, "no-such-bucket", "urn:shardsrv:problem:store-bucket-missing", `"retryable":false`)
 	res, _ := http.Get(e.url + "/readyz")
 	if res.StatusCode != 503 {
 		t.Errorf("/readyz without a bucket: %d", res.StatusCode)

@@ -139,6 +139,13 @@ func toProblem(err error) *Problem {
 			Title:  "The store denied this server access",
 			Detail: err.Error(),
 		}
+	case errors.Is(err, store.ErrNoBucket):
+		return &Problem{
+			Status: http.StatusBadGateway,
+			Slug:   "store-bucket-missing",
+			Title:  "The store's bucket or container does not exist",
+			Detail: err.Error(),
+		}
 	case errors.Is(err, store.ErrUnavailable):
 		return &Problem{
 			Status:     http.StatusServiceUnavailable,
@@ -168,12 +175,13 @@ func toProblem(err error) *Problem {
 }
 
 // permanent are the server-side problems (5xx) that fail the same way on every attempt: bytes that
-// fail their signature, a checkpoint that cannot be served verified, a store denying access, and
-// the server's own bug.
+// fail their signature, a checkpoint that cannot be served verified, a store denying access or
+// missing its bucket, and the server's own bug.
 var permanent = map[string]bool{
 	"integrity-mismatch":    true,
 	"unverified-checkpoint": true,
 	"store-access-denied":   true,
+	"store-bucket-missing":  true,
 	"internal-error":        true,
 }
 

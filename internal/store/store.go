@@ -88,6 +88,10 @@ var (
 	// ErrPermissionDenied is a store that refuses this server's credentials: its configuration,
 	// not the client's request, is at fault.
 	ErrPermissionDenied = errors.New("access denied")
+	// ErrNoBucket is a store whose bucket or container does not exist: its configuration is at
+	// fault, the same on every store. ReadAt and Check report it; Stat reports a missing bucket as
+	// ErrNotFound on every store, since S3's HEAD cannot tell the two apart.
+	ErrNoBucket = errors.New("no such bucket or container")
 	// ErrCorrupt is stored bytes that do not match the publisher's signature: a flipped bit, a
 	// truncated upload, another model's file.
 	ErrCorrupt = errors.New("the stored bytes do not match the checkpoint's signature")

@@ -197,8 +197,15 @@ func RunMatrix(t *testing.T, h Harness) {
 		// Check tells a missing bucket from a missing checkpoint, which the catalog reports as
 		// unknown: it names the bucket and is no ErrNotFound.
 		err := s.Check(context.Background())
-		if err == nil || errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), "no-such-bucket") {
-			t.Errorf("Check: %v, want an error naming the bucket", err)
+		if !errors.Is(err, store.ErrNoBucket) || errors.Is(err, store.ErrNotFound) ||
+			!strings.Contains(err.Error(), "no-such-bucket") {
+			t.Errorf("Check: %v, want ErrNoBucket naming the bucket", err)
+		}
+		// A read names the missing bucket alike on every store: never a missing or changed file,
+		// which the server would answer with a 409 and a retry.
+		err = s.ReadAt(context.Background(), objectKey, "", make([]byte, 8), 0)
+		if !errors.Is(err, store.ErrNoBucket) || errors.Is(err, store.ErrNotFound) {
+			t.Errorf("ReadAt: %v, want ErrNoBucket", err)
 		}
 	})
 }
