@@ -363,7 +363,12 @@ func (s *Store) pin(ctx context.Context, key, version string, size, off, end int
 		switch {
 		case ok:
 			startRun()
-		case asked && s.peekRef(k, &cs[i]), !asked && s.chunks.Contains(k): // filled while this caller looked
+		case asked && s.peekRef(k, &cs[i]): // filled while this caller looked: a hit after all
+			s.hits.Add(1)
+			s.fromCache.Add(int64(len(cs[i].data)))
+			startRun()
+			continue
+		case !asked && s.chunks.Contains(k):
 			startRun()
 			continue
 		default:
