@@ -416,7 +416,11 @@ type Problem struct {
 	Retryable *bool  `json:"retryable,omitempty"`
 	Status    int    `json:"status"`
 	Title     string `json:"title"`
-	Type      string `json:"type"`
+
+	// Type The problem's kind: urn:shardsrv:problem: and a slug of x-problem-types, which gives each
+	// its status, title, whether it is retryable and its Retry-After in seconds (invalid-request
+	// is a 400 when a value breaks the schema).
+	Type string `json:"type"`
 }
 
 // ReadPlan defines model for ReadPlan.

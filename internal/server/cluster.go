@@ -54,8 +54,7 @@ func (s *Server) peerAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, ok := bearerToken(r.Header.Get("Authorization"))
 		if !ok || !s.cfg.Cluster.PeerTokens.Valid(token) {
-			writeProblem(w, r, &Problem{Status: http.StatusUnauthorized, Slug: "unauthorized-peer",
-				Title: "The peer route needs the peer secret", Detail: "this route is for the server's replicas only"})
+			writeProblem(w, r, newProblem("unauthorized-peer", "this route is for the server's replicas only"))
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -69,15 +68,12 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 	c := s.cfg.Cluster
 	chunk, warm, err := cluster.ParseQuery(r.URL.Query(), c.Ring.Stripe())
 	if err != nil {
-		writeProblem(w, r, &Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter",
-			Title: "Invalid query parameter", Detail: err.Error()})
+		writeProblem(w, r, newProblem("invalid-parameter", err.Error()))
 		return
 	}
 	c.Ring.Heard(r.Header.Get(cluster.DownHeader))
 	if !c.Ring.Owns(chunk) || c.Ring.Waits(chunk) {
-		writeProblem(w, r, &Problem{Status: http.StatusMisdirectedRequest, Slug: "not-owner",
-			Title: "This replica does not hold the chunk", Detail: "the replicas' rings differ for a moment: " +
-				"read it from storage"})
+		writeProblem(w, r, newProblem("not-owner", "the replicas' rings differ for a moment: read it from storage"))
 		return
 	}
 	ctx, cancel := context.WithTimeout(cluster.FromPeer(r.Context()), s.cfg.Limits.RequestTimeout)

@@ -26,36 +26,22 @@ func (s *Server) expandLayout(ctx context.Context, req *api.ShardRequest, ck *ch
 		return nil
 	}
 	if len(req.Tensors) > 0 {
-		return &Problem{
-			Status: http.StatusBadRequest,
-			Slug:   "malformed-request",
-			Title:  "The request does not follow the schema",
-			Detail: "a request carries either tensors (a table) or layout (an engine's rank), not both",
-			Errors: []api.FieldError{{Pointer: "/layout", Detail: "drop tensors or layout"}},
-		}
+		return newProblem("malformed-request",
+			"a request carries either tensors (a table) or layout (an engine's rank), not both",
+			api.FieldError{Pointer: "/layout", Detail: "drop tensors or layout"})
 	}
 	f, err := s.cfg.Catalog.StatFile(ctx, req.Checkpoint, configFile)
 	if errors.Is(err, checkpoint.ErrNoFile) {
-		return &Problem{
-			Status: http.StatusUnprocessableEntity,
-			Slug:   "invalid-layout",
-			Title:  "The layout cannot be built",
-			Detail: "the checkpoint has no config.json, which a layout is built from; send a tensors table instead",
-			Errors: []api.FieldError{{Pointer: "/layout", Detail: "the checkpoint has no config.json"}},
-		}
+		return newProblem("invalid-layout",
+			"the checkpoint has no config.json, which a layout is built from; send a tensors table instead",
+			api.FieldError{Pointer: "/layout", Detail: "the checkpoint has no config.json"})
 	}
 	if err != nil {
 		return err
 	}
 	if limit := s.cfg.Limits.MaxConfigBytes; f.Size > limit {
 		detail := fmt.Sprintf("%s is %d bytes, over --max-config-bytes %d", configFile, f.Size, limit)
-		return &Problem{
-			Status: http.StatusUnprocessableEntity,
-			Slug:   "checkpoint-over-limits",
-			Title:  "A checkpoint file is over this server's limits",
-			Detail: detail,
-			Errors: []api.FieldError{{Pointer: "/layout", Detail: detail}},
-		}
+		return newProblem("checkpoint-over-limits", detail, api.FieldError{Pointer: "/layout", Detail: detail})
 	}
 	// The config and what it decodes to are held only while the layout is built.
 	cost := engine.ConfigMemory(f.Size)

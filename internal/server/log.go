@@ -172,12 +172,7 @@ func (s *Server) recoverPanics(next http.Handler) http.Handler {
 			if rec.status != 0 {
 				panic(http.ErrAbortHandler)
 			}
-			writeProblem(w, r, &Problem{
-				Status: http.StatusInternalServerError,
-				Slug:   "internal-error",
-				Title:  "The server failed",
-				Detail: "an internal error, logged under request id " + id,
-			})
+			writeProblem(w, r, newProblem("internal-error", "an internal error, logged under request id "+id))
 		}()
 		next.ServeHTTP(rec, r)
 	})
@@ -196,16 +191,8 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		token, ok := bearerToken(r.Header.Get("Authorization"))
 		if !ok || !s.cfg.Tokens.Valid(token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="shardsrv"`)
-			writeProblem(
-				w,
-				r,
-				&Problem{
-					Status: http.StatusUnauthorized,
-					Slug:   "unauthorized",
-					Title:  "A valid bearer token is required",
-					Detail: "send 'Authorization: Bearer <token>' with a token this server accepts",
-				},
-			)
+			writeProblem(w, r, newProblem("unauthorized",
+				"send 'Authorization: Bearer <token>' with a token this server accepts"))
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -27,8 +27,8 @@ const prefetchParallel = 8
 // filled here instead. It takes a stream slot like /v1/plan.
 func (s *Server) PostPrefetch(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Cluster == nil {
-		writeProblem(w, r, &Problem{Status: http.StatusNotFound, Slug: "prefetch-off", Title: "Prefetch is off",
-			Detail: "this server runs without the cache (--cache-bytes 0): there is nothing to warm"})
+		writeProblem(w, r, newProblem("prefetch-off",
+			"this server runs without the cache (--cache-bytes 0): there is nothing to warm"))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)

@@ -18,20 +18,82 @@ import (
 // problemType names each kind of problem (RFC 9457 "type"); the URN needs no server to resolve.
 func problemType(slug string) string { return "urn:shardsrv:problem:" + slug }
 
+// kind is what every problem of one type shares.
+type kind struct {
+	Status int
+	Title  string
+	// Retryable says whether the same request may succeed later (the problem's "retryable" member,
+	// which the clients obey).
+	Retryable bool
+	// RetryAfter, in seconds, is sent as Retry-After when set.
+	RetryAfter int
+}
+
+// problemTypes is every problem type the server sends, by slug: a public contract. docs/contract.md
+// and openapi.yaml list it, and tests hold both to it and every newProblem call to a slug in it.
+// Retryable is true for 408, 409 and 429 and for server-side trouble (5xx) but the kinds that fail
+// the same way on every attempt; any other 4xx is the request's fault.
+var problemTypes = map[string]kind{
+	// The request.
+	"malformed-request":            {Status: 400, Title: "The request is not valid JSON for this endpoint"},
+	"invalid-parameter":            {Status: 400, Title: "Invalid query parameter"},
+	"invalid-checkpoint-name":      {Status: 400, Title: "Invalid checkpoint name"},
+	"unauthorized":                 {Status: 401, Title: "A valid bearer token is required"},
+	"unauthorized-peer":            {Status: 401, Title: "The peer route needs the peer secret"},
+	"no-route":                     {Status: 404, Title: "No such endpoint"},
+	"unknown-checkpoint":           {Status: 404, Title: "Unknown checkpoint"},
+	"unknown-file":                 {Status: 404, Title: "No such file"},
+	"no-metrics":                   {Status: 404, Title: "Metrics are off"},
+	"prefetch-off":                 {Status: 404, Title: "Prefetch is off"},
+	"method-not-allowed":           {Status: 405, Title: "Method not allowed"},
+	"body-timeout":                 {Status: 408, Title: "The request body did not arrive in time", Retryable: true},
+	"checkpoint-changed":           {Status: 409, Title: "A checkpoint file changed while it was read", Retryable: true},
+	"body-too-large":               {Status: 413, Title: "Request body too large"},
+	"request-too-large":            {Status: 413, Title: "Too many tensors or blocks"},
+	"file-too-large":               {Status: 413, Title: "The file is over the size cap"},
+	"unsupported-media-type":       {Status: 415, Title: "The body must be JSON"},
+	"unsupported-content-encoding": {Status: 415, Title: "Unsupported Content-Encoding"},
+	"not-owner":                    {Status: 421, Title: "This replica does not hold the chunk"},
+	// 400 instead when a value breaks the schema (a negative step): see toProblem.
+	"invalid-request":        {Status: 422, Title: "The request cannot be served"},
+	"invalid-layout":         {Status: 422, Title: "The layout cannot be built for this checkpoint"},
+	"invalid-checkpoint":     {Status: 422, Title: "The checkpoint cannot be served as stored"},
+	"checkpoint-over-limits": {Status: 422, Title: "A checkpoint file is over this server's limits"},
+	// The server and its store.
+	"internal-error":        {Status: 500, Title: "The server failed"},
+	"storage-failure":       {Status: 502, Title: "The store failed", Retryable: true},
+	"integrity-mismatch":    {Status: 502, Title: "Stored bytes do not match the checkpoint's signature"},
+	"unverified-checkpoint": {Status: 502, Title: "The checkpoint cannot be served verified"},
+	"store-access-denied":   {Status: 502, Title: "The store denied this server access"},
+	"store-bucket-missing":  {Status: 502, Title: "The store's bucket or container does not exist"},
+	"busy":                  {Status: 503, Title: "The server is busy", Retryable: true, RetryAfter: 1},
+	"store-unavailable":     {Status: 503, Title: "The store is overloaded", Retryable: true, RetryAfter: 1},
+	"cancelled":             {Status: 503, Title: "The request was cancelled", Retryable: true, RetryAfter: 1},
+	"draining":              {Status: 503, Title: "The server is shutting down", Retryable: true, RetryAfter: 1},
+	"not-ready":             {Status: 503, Title: "The store is not reachable", Retryable: true, RetryAfter: 5},
+	"timeout":               {Status: 504, Title: "The request did not finish in time", Retryable: true},
+}
+
 // Problem is an error with its HTTP face.
 type Problem struct {
-	Status int
 	Slug   string
-	Title  string
 	Detail string
 	Errors []api.FieldError
-	// RetryAfter, in seconds, is sent for 503s.
-	RetryAfter int
+	kind
 }
 
 func (p *Problem) Error() string { return p.Title + ": " + p.Detail }
 
-// toProblem maps every error the service can meet to its status: the one place sentinels and
+// newProblem is a problem of the type slug names, which must be in problemTypes.
+func newProblem(slug, detail string, fields ...api.FieldError) *Problem {
+	k, ok := problemTypes[slug]
+	if !ok {
+		panic("server: problem type " + slug + " is not in problemTypes")
+	}
+	return &Problem{Slug: slug, Detail: detail, Errors: fields, kind: k}
+}
+
+// toProblem maps every error the service can meet to its problem: the one place sentinels and
 // error types become HTTP.
 func toProblem(err error) *Problem {
 	var p *Problem
@@ -42,17 +104,13 @@ func toProblem(err error) *Problem {
 	case errors.As(err, &p):
 		return p
 	case errors.As(err, &verr):
-		out := &Problem{
-			Status: http.StatusUnprocessableEntity,
-			Slug:   "invalid-request",
-			Title:  "The request cannot be served",
-			Detail: verr.Error(),
+		var fields []api.FieldError
+		for _, fe := range verr.Errors {
+			fields = append(fields, api.FieldError{Pointer: fe.Pointer, Detail: fe.Detail})
 		}
+		out := newProblem("invalid-request", verr.Error(), fields...)
 		if verr.Schema {
 			out.Status, out.Title = http.StatusBadRequest, "The request does not follow the schema"
-		}
-		for _, fe := range verr.Errors {
-			out.Errors = append(out.Errors, api.FieldError{Pointer: fe.Pointer, Detail: fe.Detail})
 		}
 		return out
 	case errors.As(err, &lerr):
@@ -60,147 +118,46 @@ func toProblem(err error) *Problem {
 		if ptr == "" {
 			ptr = "/layout"
 		}
-		return &Problem{
-			Status: http.StatusUnprocessableEntity,
-			Slug:   "invalid-layout",
-			Title:  "The layout cannot be built for this checkpoint",
-			Detail: lerr.Detail,
-			Errors: []api.FieldError{{Pointer: ptr, Detail: lerr.Detail}},
-		}
+		return newProblem("invalid-layout", lerr.Detail, api.FieldError{Pointer: ptr, Detail: lerr.Detail})
 	case errors.Is(err, checkpoint.ErrNoFile):
-		return &Problem{Status: http.StatusNotFound, Slug: "unknown-file", Title: "No such file", Detail: err.Error()}
+		return newProblem("unknown-file", err.Error())
 	case errors.Is(err, checkpoint.ErrFileTooLarge):
-		return &Problem{
-			Status: http.StatusRequestEntityTooLarge,
-			Slug:   "file-too-large",
-			Title:  "The file is over the size cap",
-			Detail: err.Error(),
-		}
+		return newProblem("file-too-large", err.Error())
 	case errors.Is(err, store.ErrInvalidKey):
-		return &Problem{
-			Status: http.StatusBadRequest,
-			Slug:   "invalid-checkpoint-name",
-			Title:  "Invalid checkpoint name",
-			Detail: err.Error(),
-			Errors: []api.FieldError{
-				{
-					Pointer: "/checkpoint",
-					Detail:  "names are relative paths of [A-Za-z0-9._-] segments; '..' and absolute paths are refused",
-				},
-			},
-		}
+		return newProblem("invalid-checkpoint-name", err.Error(), api.FieldError{
+			Pointer: "/checkpoint",
+			Detail:  "names are relative paths of [A-Za-z0-9._-] segments; '..' and absolute paths are refused",
+		})
 	case errors.Is(err, checkpoint.ErrNotFound):
-		return &Problem{
-			Status: http.StatusNotFound,
-			Slug:   "unknown-checkpoint",
-			Title:  "Unknown checkpoint",
-			Detail: err.Error(),
-		}
+		return newProblem("unknown-checkpoint", err.Error())
 	case errors.As(err, &cerr):
-		return &Problem{
-			Status: http.StatusUnprocessableEntity,
-			Slug:   "invalid-checkpoint",
-			Title:  "The checkpoint cannot be served as stored",
-			Detail: err.Error(),
-		}
+		return newProblem("invalid-checkpoint", err.Error())
 	case errors.Is(err, store.ErrChanged), errors.Is(err, store.ErrNotFound):
-		return &Problem{
-			Status: http.StatusConflict,
-			Slug:   "checkpoint-changed",
-			Title:  "A checkpoint file changed while it was read",
-			Detail: err.Error() + "; retry the request",
-		}
+		return newProblem("checkpoint-changed", err.Error()+"; retry the request")
 	case errors.Is(err, executor.ErrBusy):
-		return &Problem{
-			Status:     http.StatusServiceUnavailable,
-			Slug:       "busy",
-			Title:      "The server is busy",
-			Detail:     err.Error() + "; retry shortly",
-			RetryAfter: 1,
-		}
+		return newProblem("busy", err.Error()+"; retry shortly")
 	case errors.Is(err, store.ErrCorrupt):
-		return &Problem{
-			Status: http.StatusBadGateway,
-			Slug:   "integrity-mismatch",
-			Title:  "Stored bytes do not match the checkpoint's signature",
-			Detail: err.Error() + "; the store holds a damaged or replaced file: re-upload it or re-sign the checkpoint",
-		}
+		return newProblem("integrity-mismatch", err.Error()+
+			"; the store holds a damaged or replaced file: re-upload it or re-sign the checkpoint")
 	case errors.Is(err, store.ErrUnverified):
-		return &Problem{
-			Status: http.StatusBadGateway,
-			Slug:   "unverified-checkpoint",
-			Title:  "The checkpoint cannot be served verified",
-			Detail: err.Error(),
-		}
+		return newProblem("unverified-checkpoint", err.Error())
 	case errors.Is(err, store.ErrPermissionDenied):
-		return &Problem{
-			Status: http.StatusBadGateway,
-			Slug:   "store-access-denied",
-			Title:  "The store denied this server access",
-			Detail: err.Error(),
-		}
+		return newProblem("store-access-denied", err.Error())
 	case errors.Is(err, store.ErrNoBucket):
-		return &Problem{
-			Status: http.StatusBadGateway,
-			Slug:   "store-bucket-missing",
-			Title:  "The store's bucket or container does not exist",
-			Detail: err.Error(),
-		}
+		return newProblem("store-bucket-missing", err.Error())
 	case errors.Is(err, store.ErrUnavailable):
-		return &Problem{
-			Status:     http.StatusServiceUnavailable,
-			Slug:       "store-unavailable",
-			Title:      "The store is overloaded",
-			Detail:     err.Error(),
-			RetryAfter: 1,
-		}
+		return newProblem("store-unavailable", err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
-		return &Problem{Status: http.StatusGatewayTimeout, Slug: "timeout", Title: "The request did not finish in time",
-			Detail: err.Error() + ": the store was slow, or the request plans more than --request-timeout allows"}
+		return newProblem("timeout", err.Error()+
+			": the store was slow, or the request plans more than --request-timeout allows")
 	case errors.Is(err, context.Canceled): // the client left, or the server is shutting down
-		return &Problem{
-			Status:     http.StatusServiceUnavailable,
-			Slug:       "cancelled",
-			Title:      "The request was cancelled",
-			Detail:     err.Error(),
-			RetryAfter: 1,
-		}
+		return newProblem("cancelled", err.Error())
 	}
-	return &Problem{
-		Status: http.StatusBadGateway,
-		Slug:   "storage-failure",
-		Title:  "The store failed",
-		Detail: err.Error(),
-	}
-}
-
-// permanent are the server-side problems (5xx) that fail the same way on every attempt: bytes that
-// fail their signature, a checkpoint that cannot be served verified, a store denying access or
-// missing its bucket, and the server's own bug.
-var permanent = map[string]bool{
-	"integrity-mismatch":    true,
-	"unverified-checkpoint": true,
-	"store-access-denied":   true,
-	"store-bucket-missing":  true,
-	"internal-error":        true,
-}
-
-// retryable says whether the same request may succeed later (the problem's "retryable" member,
-// which the clients obey): a time-out, a conflict with a file replaced mid-read, overload (408,
-// 409, 429), and server-side trouble but the permanent kinds. Any other 4xx is the request's fault.
-func (p *Problem) retryable() bool {
-	switch {
-	case p.Status == http.StatusRequestTimeout, p.Status == http.StatusConflict,
-		p.Status == http.StatusTooManyRequests:
-		return true
-	case p.Status >= 500:
-		return !permanent[p.Slug]
-	}
-	return false
+	return newProblem("storage-failure", err.Error())
 }
 
 func writeProblem(w http.ResponseWriter, r *http.Request, p *Problem) {
-	retryable := p.retryable()
+	retryable := p.Retryable
 	body := api.Problem{Type: problemType(p.Slug), Title: p.Title, Status: p.Status, Retryable: &retryable}
 	if p.Detail != "" {
 		body.Detail = &p.Detail

@@ -49,17 +49,7 @@ func (st *storeState) reachable() bool {
 // retryable problems). ?verbose adds the store's state.
 func (s *Server) Readyz(w http.ResponseWriter, r *http.Request, params api.ReadyzParams) {
 	if s.draining.Load() {
-		writeProblem(
-			w,
-			r,
-			&Problem{
-				Status:     http.StatusServiceUnavailable,
-				Slug:       "draining",
-				Title:      "The server is shutting down",
-				Detail:     "this instance takes no new requests",
-				RetryAfter: 1,
-			},
-		)
+		writeProblem(w, r, newProblem("draining", "this instance takes no new requests"))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
@@ -67,17 +57,8 @@ func (s *Server) Readyz(w http.ResponseWriter, r *http.Request, params api.Ready
 	err := s.cfg.Catalog.Store().Check(ctx)
 	down := s.store.observe(err, time.Now())
 	if err != nil && down >= s.cfg.StoreGrace && s.cfg.Cluster == nil {
-		writeProblem(
-			w,
-			r,
-			&Problem{
-				Status:     http.StatusServiceUnavailable,
-				Slug:       "not-ready",
-				Title:      "The store is not reachable",
-				Detail:     "for " + down.Round(time.Second).String() + " (no cache to serve from): " + err.Error(),
-				RetryAfter: 5,
-			},
-		)
+		writeProblem(w, r, newProblem("not-ready",
+			"for "+down.Round(time.Second).String()+" (no cache to serve from): "+err.Error()))
 		return
 	}
 	health := api.Health{Status: "ready"}

@@ -224,11 +224,9 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) (release func(), 
 	case s.streams <- struct{}{}:
 		return func() { <-s.streams }, true
 	default:
-		writeProblem(w, r, &Problem{Status: http.StatusServiceUnavailable, Slug: "busy", Title: "The server is busy",
-			Detail: fmt.Sprintf(
-				"%d shard streams and plans are running, the most this server takes; retry shortly",
-				s.cfg.Limits.MaxStreams,
-			), RetryAfter: 1})
+		writeProblem(w, r, newProblem("busy", fmt.Sprintf(
+			"%d shard streams and plans are running, the most this server takes; retry shortly",
+			s.cfg.Limits.MaxStreams)))
 		return nil, false
 	}
 }
@@ -238,43 +236,17 @@ func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.middleware()...)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(
-			w,
-			r,
-			&Problem{
-				Status: http.StatusNotFound,
-				Slug:   "no-route",
-				Title:  "No such endpoint",
-				Detail: r.Method + " " + r.URL.Path + " is not an endpoint of this service; see openapi.yaml",
-			},
-		)
+		writeProblem(w, r, newProblem("no-route",
+			r.Method+" "+r.URL.Path+" is not an endpoint of this service; see openapi.yaml"))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(
-			w,
-			r,
-			&Problem{
-				Status: http.StatusMethodNotAllowed,
-				Slug:   "method-not-allowed",
-				Title:  "Method not allowed",
-				Detail: r.Method + " is not allowed on " + r.URL.Path,
-			},
-		)
+		writeProblem(w, r, newProblem("method-not-allowed", r.Method+" is not allowed on "+r.URL.Path))
 	})
 	s.routePeers(r)
 	return gen.HandlerWithOptions(s, gen.ChiServerOptions{
 		BaseRouter: r,
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeProblem(
-				w,
-				r,
-				&Problem{
-					Status: http.StatusBadRequest,
-					Slug:   "invalid-parameter",
-					Title:  "Invalid query parameter",
-					Detail: err.Error(),
-				},
-			)
+			writeProblem(w, r, newProblem("invalid-parameter", err.Error()))
 		},
 	})
 }
@@ -324,13 +296,7 @@ func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *Prob
 const decodedBodyFactor = 4
 
 func malformed(detail string, fields ...api.FieldError) *Problem {
-	return &Problem{
-		Status: http.StatusBadRequest,
-		Slug:   "malformed-request",
-		Title:  "The request is not valid JSON for this endpoint",
-		Detail: detail,
-		Errors: fields,
-	}
+	return newProblem("malformed-request", detail, fields...)
 }
 
 // decodeBody reads and decodes a body. Once read, the body is charged to the memory budget streams
@@ -447,19 +413,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *Prob
 		if gzipped {
 			what = "decoded body"
 		}
-		return nil, &Problem{
-			Status: http.StatusRequestEntityTooLarge,
-			Slug:   "body-too-large",
-			Title:  "Request body too large",
-			Detail: fmt.Sprintf("the %s is over %d bytes; split the request", what, tooBig.Limit),
-		}
+		return nil, newProblem("body-too-large",
+			fmt.Sprintf("the %s is over %d bytes; split the request", what, tooBig.Limit))
 	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
-		return nil, &Problem{
-			Status: http.StatusRequestTimeout,
-			Slug:   "body-timeout",
-			Title:  "The request body did not arrive in time",
-			Detail: fmt.Sprintf("the body was not received within %s; send it at once", s.cfg.Limits.BodyTimeout),
-		}
+		return nil, newProblem("body-timeout",
+			fmt.Sprintf("the body was not received within %s; send it at once", s.cfg.Limits.BodyTimeout))
 	case gzipped && (errors.Is(err, gzip.ErrHeader) || errors.Is(err, gzip.ErrChecksum) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || isFlateError(err)):
 		return nil, malformed("the gzip body is corrupt or truncated: " + err.Error())
@@ -478,12 +436,7 @@ func isFlateError(err error) bool {
 // without -H declares application/x-www-form-urlencoded, and the problem says what to send.
 func checkContentType(ct string) *Problem {
 	unsupported := func(detail string) *Problem {
-		return &Problem{
-			Status: http.StatusUnsupportedMediaType,
-			Slug:   "unsupported-media-type",
-			Title:  "The body must be JSON",
-			Detail: detail,
-		}
+		return newProblem("unsupported-media-type", detail)
 	}
 	if ct == "" {
 		return nil
@@ -524,15 +477,9 @@ func contentCoding(values []string) (gzipped bool, p *Problem) {
 	case len(codings) == 1 && (codings[0] == "gzip" || codings[0] == "x-gzip"):
 		return true, nil
 	}
-	return false, &Problem{
-		Status: http.StatusUnsupportedMediaType,
-		Slug:   "unsupported-content-encoding",
-		Title:  "Unsupported Content-Encoding",
-		Detail: fmt.Sprintf(
-			"Content-Encoding %q: this server decodes gzip, or takes the body as it is",
-			truncate(strings.Join(codings, ", "), 100),
-		),
-	}
+	return false, newProblem("unsupported-content-encoding", fmt.Sprintf(
+		"Content-Encoding %q: this server decodes gzip, or takes the body as it is",
+		truncate(strings.Join(codings, ", "), 100)))
 }
 
 func truncate(s string, n int) string {
@@ -763,21 +710,10 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (_ *api.ShardReq
 		}
 	}
 	if len(req.Tensors) > s.cfg.Limits.MaxTensors || blocks > s.cfg.Limits.MaxBlocks {
-		return fail(
-			&Problem{
-				Status: http.StatusRequestEntityTooLarge,
-				Slug:   "request-too-large",
-				Title:  "Too many tensors or blocks",
-				Detail: fmt.Sprintf(
-					"the request has %d tensors and %d blocks; this server takes at most %d and %d: split the request",
-					len(req.Tensors),
-					blocks,
-					s.cfg.Limits.MaxTensors,
-					s.cfg.Limits.MaxBlocks,
-				),
-				Errors: []api.FieldError{{Pointer: "/tensors", Detail: "split the request"}},
-			},
-		)
+		return fail(newProblem("request-too-large", fmt.Sprintf(
+			"the request has %d tensors and %d blocks; this server takes at most %d and %d: split the request",
+			len(req.Tensors), blocks, s.cfg.Limits.MaxTensors, s.cfg.Limits.MaxBlocks),
+			api.FieldError{Pointer: "/tensors", Detail: "split the request"}))
 	}
 	return &req, release, nil
 }
@@ -1140,12 +1076,8 @@ func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.
 	limit := defaultTensorPage
 	if params.Limit != nil {
 		if limit = *params.Limit; limit < 1 || limit > maxTensorPage {
-			writeProblem(
-				w,
-				r,
-				&Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter",
-					Detail: fmt.Sprintf("limit %d: a page holds 1 to %d tensors", limit, maxTensorPage)},
-			)
+			writeProblem(w, r, newProblem("invalid-parameter",
+				fmt.Sprintf("limit %d: a page holds 1 to %d tensors", limit, maxTensorPage)))
 			return
 		}
 	}
@@ -1153,12 +1085,8 @@ func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.
 	if params.PageToken != nil && *params.PageToken != "" {
 		b, err := base64.RawURLEncoding.DecodeString(*params.PageToken)
 		if err != nil {
-			writeProblem(
-				w,
-				r,
-				&Problem{Status: http.StatusBadRequest, Slug: "invalid-parameter", Title: "Invalid query parameter",
-					Detail: "page_token is not a token this server gave: pass next_page_token as it came"},
-			)
+			writeProblem(w, r, newProblem("invalid-parameter",
+				"page_token is not a token this server gave: pass next_page_token as it came"))
 			return
 		}
 		after = string(b)
@@ -1203,7 +1131,7 @@ func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.
 // Metrics serves the Prometheus scrape endpoint.
 func (s *Server) Metrics(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Metrics == nil {
-		writeProblem(w, r, &Problem{Status: http.StatusNotFound, Slug: "no-metrics", Title: "Metrics are off"})
+		writeProblem(w, r, newProblem("no-metrics", ""))
 		return
 	}
 	s.cfg.Metrics.ServeHTTP(w, r)
