@@ -11,6 +11,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/engine"
 	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/jsonbody"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
@@ -74,6 +75,15 @@ var problemTypes = map[string]kind{
 	"timeout":               {Status: 504, Title: "The request did not finish in time", Retryable: true},
 }
 
+// bodyProblems is the problem type of each kind of body jsonbody refuses.
+var bodyProblems = map[jsonbody.Kind]string{
+	jsonbody.Malformed: "malformed-request",
+	jsonbody.MediaType: "unsupported-media-type",
+	jsonbody.Encoding:  "unsupported-content-encoding",
+	jsonbody.TooLarge:  "body-too-large",
+	jsonbody.Timeout:   "body-timeout",
+}
+
 // Problem is an error with its HTTP face.
 type Problem struct {
 	Slug   string
@@ -100,9 +110,16 @@ func toProblem(err error) *Problem {
 	var verr *planner.ValidationError
 	var cerr *checkpoint.Error
 	var lerr *engine.Error
+	var berr *jsonbody.Error
 	switch {
 	case errors.As(err, &p):
 		return p
+	case errors.As(err, &berr):
+		var fields []api.FieldError
+		if berr.Pointer != "" {
+			fields = append(fields, api.FieldError{Pointer: berr.Pointer, Detail: berr.Field})
+		}
+		return newProblem(bodyProblems[berr.Kind], berr.Detail, fields...)
 	case errors.As(err, &verr):
 		var fields []api.FieldError
 		for _, fe := range verr.Errors {

@@ -19,7 +19,8 @@ import (
 )
 
 // TestProblemSlugsAreInTheTable reads the package's source: every newProblem call names a slug
-// of problemTypes by a literal, and every slug of the table is sent somewhere.
+// of problemTypes by a literal (or through bodyProblems), and every slug of the table is sent
+// somewhere.
 func TestProblemSlugsAreInTheTable(t *testing.T) {
 	files, err := filepath.Glob("*.go")
 	if err != nil {
@@ -43,6 +44,11 @@ func TestProblemSlugsAreInTheTable(t *testing.T) {
 			if id, ok := call.Fun.(*ast.Ident); !ok || id.Name != "newProblem" {
 				return true
 			}
+			if idx, ok := call.Args[0].(*ast.IndexExpr); ok {
+				if id, ok := idx.X.(*ast.Ident); ok && id.Name == "bodyProblems" {
+					return true // its values are checked below
+				}
+			}
 			lit, ok := call.Args[0].(*ast.BasicLit)
 			if !ok || lit.Kind != token.STRING {
 				t.Errorf("%s: newProblem's slug is not a literal", fset.Position(call.Pos()))
@@ -55,6 +61,12 @@ func TestProblemSlugsAreInTheTable(t *testing.T) {
 			used[slug] = true
 			return true
 		})
+	}
+	for _, slug := range bodyProblems {
+		if _, ok := problemTypes[slug]; !ok {
+			t.Errorf("bodyProblems: problem type %q is not in problemTypes", slug)
+		}
+		used[slug] = true
 	}
 	for slug := range problemTypes {
 		if !used[slug] {

@@ -1,4 +1,4 @@
-package server
+package jsonbody
 
 import (
 	"encoding/json"
