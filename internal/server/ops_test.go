@@ -225,38 +225,6 @@ func TestStalledClientReleasesItsMemory(t *testing.T) {
 	}
 }
 
-func TestGracefulShutdown(t *testing.T) {
-	e := opsServer(t, nil)
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	httpSrv := &http.Server{Handler: e.srv.Handler()}
-	go httpSrv.Serve(ln)
-	url := "http://" + ln.Addr().String()
-	raw, _ := json.Marshal(e.req)
-	res, err := http.Post(url+"/v1/shards", "application/json", bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := make([]byte, 1024)
-	io.ReadFull(res.Body, first) // the stream is under way
-	e.srv.Drain()
-	if r, err := http.Get(url + "/readyz"); err != nil || r.StatusCode != 503 {
-		t.Errorf("/readyz while draining: %v %v", r.StatusCode, err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- httpSrv.Shutdown(context.Background()) }()
-	time.Sleep(100 * time.Millisecond)
-	if _, err := http.Get(url + "/healthz"); err == nil {
-		t.Error("a new connection was accepted during shutdown")
-	}
-	rest, err := io.ReadAll(res.Body)
-	if err != nil || !bytes.Equal(append(first, rest...), e.data) {
-		t.Errorf("the in-flight stream did not finish whole: %v", err)
-	}
-	if err := <-done; err != nil {
-		t.Errorf("shutdown: %v", err)
-	}
-}
-
 func TestSpansAndMetrics(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
