@@ -415,24 +415,9 @@ func (s scratch) reset() tensor.Strided {
 	return tensor.Strided{Lengths: s.buf[0:0:n], Src: s.buf[n : n : 2*n], Dst: s.buf[2*n : 2*n : 3*n]}
 }
 
-// simplify is simplify (below) into the scratch, valid until its next use.
+// simplify is tensor.Strided.Simplify into the scratch, valid until its next use.
 func (s scratch) simplify(lengths, src, dst []int64) tensor.Strided {
-	out := s.reset()
-	for i, x := range lengths {
-		if x == 1 {
-			continue
-		}
-		last := len(out.Lengths) - 1
-		if last >= 0 && out.Src[last] == src[i]*x && out.Dst[last] == dst[i]*x {
-			out.Lengths[last] *= x
-			out.Src[last], out.Dst[last] = src[i], dst[i]
-			continue
-		}
-		out.Lengths = append(out.Lengths, x)
-		out.Src = append(out.Src, src[i])
-		out.Dst = append(out.Dst, dst[i])
-	}
-	return out
+	return tensor.Strided{Lengths: lengths, Src: src, Dst: dst}.SimplifyInto(s.reset())
 }
 
 // simplify is tensor.Strided.Simplify for a copy of these lengths and strides, in one allocation:
@@ -444,26 +429,12 @@ func simplify(lengths, src, dst []int64) tensor.Strided {
 			n++
 		}
 	}
-	buf := make([]int64, 3*n)
-	out := tensor.Strided{Lengths: buf[0:0:n], Src: buf[n : n : 2*n], Dst: buf[2*n : 2*n : 3*n]}
-	for i, x := range lengths {
-		if x == 1 {
-			continue
-		}
-		last := len(out.Lengths) - 1
-		if last >= 0 && out.Src[last] == src[i]*x && out.Dst[last] == dst[i]*x {
-			out.Lengths[last] *= x
-			out.Src[last], out.Dst[last] = src[i], dst[i]
-			continue
-		}
-		out.Lengths = append(out.Lengths, x)
-		out.Src = append(out.Src, src[i])
-		out.Dst = append(out.Dst, dst[i])
-	}
-	if len(out.Lengths) == 0 {
+	if n == 0 {
 		return tensor.Strided{}
 	}
-	return out
+	buf := make([]int64, 3*n)
+	out := tensor.Strided{Lengths: buf[0:0:n], Src: buf[n : n : 2*n], Dst: buf[2*n : 2*n : 3*n]}
+	return tensor.Strided{Lengths: lengths, Src: src, Dst: dst}.SimplifyInto(out)
 }
 
 // regionReads appends to out the reads of a source region: the byte ranges spans merges it into,

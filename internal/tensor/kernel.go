@@ -14,8 +14,11 @@ type Strided struct {
 // Simplify drops dimensions of length one and merges each dimension into the one outside it when
 // both source and destination are contiguous across the pair, as NumPy's and PyTorch's iterators
 // do: a row-major copy becomes one run, a transpose keeps two dimensions.
-func (s Strided) Simplify() Strided {
-	var out Strided
+func (s Strided) Simplify() Strided { return s.SimplifyInto(Strided{}) }
+
+// SimplifyInto is Simplify written into out's slices, which must be empty: a caller that gives them
+// the capacity (three times the rank) simplifies without allocating.
+func (s Strided) SimplifyInto(out Strided) Strided {
 	for i, n := range s.Lengths {
 		if n == 1 {
 			continue
