@@ -20,7 +20,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 )
 
-// The cluster fan-in of issue #12: 64 pods (TP=8 × 8 model replicas) load the 8 row-parallel
+// The cluster fan-in: 64 pods (TP=8 × 8 model replicas) load the 8 row-parallel
 // ranks of one 256 MiB BF16 weight through 1, 2 or 3 replicas that share one cache.
 const (
 	clusterRows, clusterCols = 8192, 16384

@@ -98,7 +98,7 @@ func kernelScenarios(r *report) {
 	executorKernels(r, base[len(base)/2], out)
 }
 
-// The kernels' goals against copy() (issue 13).
+// The kernels' goals against copy().
 const (
 	goalTranspose  = "(goal ≥ 0.25×)"
 	goalPost       = "(goal ≥ 0.25×)"

@@ -5,7 +5,7 @@
 //
 // # The engine: github.com/golang/groupcache
 //
-// Issue #12 asked for an existing engine, weighed against what shardsrv needs: a byte-bounded
+// The engine is an existing one, weighed against what shardsrv needs: a byte-bounded
 // LRU, context cancellation, per-peer time-outs, peers that change at run time, MiB-sized values
 // and metrics.
 //

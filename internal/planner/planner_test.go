@@ -150,14 +150,14 @@ var fuzzSeeds = []string{
 	`{"checkpoint":"ck","tensors":[{"name":"w","dtype":"F32","shape":[4,2,8],"boxes":[{"offsets":[1,0,0],` +
 		`"lengths":[3,2,8]}],"blocks":[{"offsets":[0,0,0],"lengths":[4,2,8],"source":"a","base":[0,0],` +
 		`"coeff":[[2,1,0],[0,0,1]]}]}]}`,
-	// a transpose of w, whole and a box inside it (issue 15: read amplification)
+	// a transpose of w, whole and a box inside it (read amplification)
 	`{"checkpoint":"ck","tensors":[{"name":"tt","dtype":"BF16","shape":[32,16],"boxes":[{"offsets":[0,0],` +
 		`"lengths":[32,16]},{"offsets":[3,2],"lengths":[20,9]}],` +
 		`"blocks":[{"offsets":[0,0],"lengths":[32,16],"source":"w","base":[0,0],"coeff":[[0,1],[1,0]]}]}]}`,
 	manyBlocksSeed(),
 }
 
-// manyBlocksSeed is a request of many blocks (issue 15: planning time): 32 column blocks widened
+// manyBlocksSeed is a request of many blocks (planning time): 32 column blocks widened
 // to F32, and a 4x4 grid of transposed 2x2 blocks with one missing and a fill, in the safetensors
 // format.
 func manyBlocksSeed() string {

@@ -32,7 +32,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 )
 
-// The fan-in of issue #12, scaled to a 2-core machine: 64 pods (TP=8 × 8 model replicas) load
+// The cluster fan-in, scaled to a 2-core machine: 64 pods (TP=8 × 8 model replicas) load
 // the 8 row-parallel ranks of one 16 MiB BF16 weight through replicas that share one cache.
 const (
 	fanRows, fanCols = 2048, 4096

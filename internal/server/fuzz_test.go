@@ -40,7 +40,7 @@ const (
 	// fuzzHeapCap is the most the fuzzing process's heap may hold in use after an input: the server's
 	// budget (memory and one plan per stream slot), a body and its decoded request, and the fuzzer's
 	// own corpus and coverage state, with room to spare. A request whose cost escapes the budget
-	// (the 1 GB plans of issue 15) is far above it.
+	// (a 1 GB plan of a hostile request) is far above it.
 	fuzzHeapCap = 768 << 20
 )
 

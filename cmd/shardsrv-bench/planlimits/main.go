@@ -1,4 +1,4 @@
-// Command planlimits measures the planner on the hostile requests of issue 15: a full transpose
+// Command planlimits measures the planner on hostile requests: a full transpose
 // of a 256 MiB BF16 tensor (read amplification), one box over N column blocks of a [2, N] tensor
 // (planning time), one-element boxes over as many blocks, a grid of one-element blocks, and a
 // 2-byte source broadcast into a huge tensor (plan memory). It prints one line per scenario; run
