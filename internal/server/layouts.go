@@ -158,15 +158,8 @@ func (s *Server) GetFile(w http.ResponseWriter, r *http.Request, name, file stri
 		}
 		if err != nil {
 			if ctx.Err() == nil && !errors.Is(err, io.ErrClosedPipe) {
-				s.log.Error(
-					"aborting a file after its headers were sent",
-					"err",
-					err,
-					"file",
-					f.Key,
-					"request_id",
-					middleware.GetReqID(ctx),
-				)
+				s.log.Error("aborting a file after its headers were sent",
+					"err", err, "file", f.Key, "request_id", middleware.GetReqID(ctx))
 			}
 			panic(http.ErrAbortHandler)
 		}

@@ -116,30 +116,11 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 				attribute.Bool("aborted", aborted != nil),
 			)
 			s.metrics.requests.Add(context.WithoutCancel(r.Context()), 1, attrs)
-			s.metrics.served.Add(
-				context.WithoutCancel(r.Context()),
-				rec.bytes,
-				metric.WithAttributes(attribute.String("route", route)),
-			)
-			s.log.Info(
-				"request",
-				"request_id",
-				id,
-				"method",
-				r.Method,
-				"route",
-				route,
-				"path",
-				r.URL.Path,
-				"status",
-				rec.status,
-				"bytes",
-				rec.bytes,
-				"duration_ms",
-				time.Since(start).Milliseconds(),
-				"aborted",
-				aborted != nil,
-			)
+			s.metrics.served.Add(context.WithoutCancel(r.Context()), rec.bytes,
+				metric.WithAttributes(attribute.String("route", route)))
+			s.log.Info("request", "request_id", id, "method", r.Method, "route", route, "path", r.URL.Path,
+				"status", rec.status, "bytes", rec.bytes, "duration_ms", time.Since(start).Milliseconds(),
+				"aborted", aborted != nil)
 			if aborted != nil {
 				panic(aborted)
 			}

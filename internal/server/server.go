@@ -105,21 +105,13 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 		"largest config.json `SIZE` a layout is built from (422 above)")
 	fs.IntVar(&l.MaxStreams, "max-streams", DefaultMaxStreams,
 		"requests planning or streaming at once, /v1/shards and /v1/plan together (503 with Retry-After above)")
-	fs.DurationVar(
-		&l.RequestTimeout,
-		"request-timeout",
-		DefaultRequestTimeout,
-		"longest a request may take, streaming included",
-	)
+	fs.DurationVar(&l.RequestTimeout, "request-timeout", DefaultRequestTimeout,
+		"longest a request may take, streaming included")
 	fs.DurationVar(&l.WriteTimeout, "write-timeout", DefaultWriteTimeout,
 		"longest one write to a client may take; a stalled client is cut off and its buffers freed")
-	fs.DurationVar(
-		&l.BodyTimeout,
-		"body-timeout",
-		DefaultBodyTimeout,
+	fs.DurationVar(&l.BodyTimeout, "body-timeout", DefaultBodyTimeout,
 		"longest a client may take to send a request body (408 after it); a request takes its stream slot "+
-			"only once its body is in",
-	)
+			"only once its body is in")
 }
 
 // Validate reports limits the server cannot run with.
@@ -327,9 +319,8 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (_ *api.ShardReq
 	}
 	bad := malformed
 	if req.Checkpoint == "" {
-		return fail(
-			bad("checkpoint is required", api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"}),
-		)
+		return fail(bad("checkpoint is required",
+			api.FieldError{Pointer: "/checkpoint", Detail: "name the checkpoint folder"}))
 	}
 	blocks := 0
 	for _, t := range req.Tensors {
@@ -349,11 +340,9 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (_ *api.ShardReq
 // admitAndPlan decodes a request, takes a slot — only now, so a client slow to send its body holds
 // none — and plans it. When ok, done gives back the slot and the memory the body and plan hold;
 // otherwise the problem was written.
-func (s *Server) admitAndPlan(
-	w http.ResponseWriter,
-	r *http.Request,
-	forStream bool,
-) (plan *planner.Plan, done func(), ok bool) {
+func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, forStream bool) (
+	plan *planner.Plan, done func(), ok bool,
+) {
 	req, releaseBody, p := s.decode(w, r)
 	if p != nil {
 		writeProblem(w, r, p)
@@ -378,16 +367,11 @@ func (s *Server) admitAndPlan(
 // charged to the executor's budget: all a plan may grow to while it is built, then what it holds;
 // release gives that back once the plan is no longer used. A plan for a stream carries no pieces
 // (they only feed /v1/plan's report).
-func (s *Server) plan(
-	r *http.Request,
-	req *api.ShardRequest,
-	forStream bool,
-) (plan *planner.Plan, release func(), p *Problem) {
-	ctx, span := s.tracer.Start(
-		r.Context(),
-		"catalog.open",
-		trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)),
-	)
+func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (
+	plan *planner.Plan, release func(), p *Problem,
+) {
+	ctx, span := s.tracer.Start(r.Context(), "catalog.open",
+		trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)))
 	ck, err := s.cfg.Catalog.Open(ctx, req.Checkpoint)
 	span.End()
 	if err == nil {
@@ -486,15 +470,8 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if r.Context().Err() == nil {
-			s.log.Error(
-				"aborting a shard stream after its headers were sent",
-				"err",
-				err,
-				"checkpoint",
-				plan.Checkpoint,
-				"request_id",
-				middleware.GetReqID(r.Context()),
-			)
+			s.log.Error("aborting a shard stream after its headers were sent",
+				"err", err, "checkpoint", plan.Checkpoint, "request_id", middleware.GetReqID(r.Context()))
 		}
 		// The connection is cut before the body's last byte (or, chunked, before its end): the
 		// client sees a failed transfer, and a digest of it is never sent.
@@ -614,19 +591,15 @@ func planResponse(p *planner.Plan, maxRead int64) api.PlanResponse {
 			if pc.Direct {
 				mode = api.Direct
 			}
-			box.Pieces = append(
-				box.Pieces,
-				api.PiecePlan{Block: pc.Block, Source: pc.Source, Offsets: pc.Offsets, Lengths: pc.Lengths, Mode: mode},
-			)
+			box.Pieces = append(box.Pieces,
+				api.PiecePlan{Block: pc.Block, Source: pc.Source, Offsets: pc.Offsets, Lengths: pc.Lengths, Mode: mode})
 		}
 		for _, seg := range it.Segments {
 			for _, list := range [][]planner.Read{seg.Direct, seg.Spans} {
 				for _, rd := range list {
 					for _, part := range planner.SplitReads(rd, maxRead) {
-						box.Reads = append(
-							box.Reads,
-							api.ReadPlan{File: part.Key, Offset: part.Offset, Length: part.Length},
-						)
+						box.Reads = append(box.Reads,
+							api.ReadPlan{File: part.Key, Offset: part.Offset, Length: part.Length})
 					}
 				}
 			}
@@ -679,14 +652,9 @@ func (l *tensorListing) entry(ck *checkpoint.Checkpoint, i int) []byte {
 		lo := i / listingChunkLen * listingChunkLen
 		for _, name := range l.names[lo:min(lo+listingChunkLen, len(l.names))] {
 			t := ck.Tensors[name]
-			b, _ := json.Marshal(
-				api.TensorInfo{
-					Name:  name,
-					Dtype: t.DTypeName,
-					Shape: t.Shape,
-					File:  strings.TrimPrefix(t.Key, ck.Name+"/"),
-				},
-			)
+			b, _ := json.Marshal(api.TensorInfo{
+				Name: name, Dtype: t.DTypeName, Shape: t.Shape, File: strings.TrimPrefix(t.Key, ck.Name+"/"),
+			})
 			c.json = append(c.json, b...)
 			c.ends = append(c.ends, len(c.json))
 		}
