@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 )
 
 // A shard response proves its own integrity with an RFC 9530 Repr-Digest trailer: the SHA-256 of
@@ -174,89 +173,50 @@ func (p *sfParser) bareItem() (int64, bool) {
 	return 0, false
 }
 
-// digester hashes the body on its way to w, on another core than the one writing: each write is
-// copied into one of two buffers that a hashing goroutine consumes in body order, so a buffer is
-// hashed while the next is filled and written, and value waits only for the last. It has no
-// ReadFrom: over HTTP/1.1 the trailer needs the chunked coding, and net/http sends a chunked body
-// by copying, never by sendfile.
+// digester hashes the body on its way to w, on another core than the one writing: a hashing
+// goroutine reads each write's bytes while they are written to w, and the write returns once
+// both are done, so the bytes are never copied or held past the write, no memory beyond the
+// stream's own buffers is needed, and value waits for no hashing at all. It has no ReadFrom: over
+// HTTP/1.1 the trailer needs the chunked coding, and net/http sends a chunked body by copying,
+// never by sendfile.
 type digester struct {
 	w      io.Writer
 	h      hash.Hash
-	cur    []byte        // the buffer being filled, nil when none is
-	free   chan []byte   // buffers the hasher is done with
-	filled chan []byte   // buffers to hash, in body order; closed once the body ends
-	hashed chan struct{} // closed when the hasher has hashed every filled buffer
+	todo   chan []byte   // the bytes being written, for the hasher to read
+	done   chan struct{} // the hasher has hashed them
 	closed bool
 }
 
-// hashBufBytes is one of the digester's buffers: the size of the copies the body is written in,
-// so a file section's buffer is handed over whole.
-const hashBufBytes = 256 << 10
-
-var hashBufs = sync.Pool{New: func() any { b := make([]byte, hashBufBytes); return &b }}
-
 func newDigester(w io.Writer) *digester {
-	d := &digester{
-		w:      w,
-		h:      sha256.New(),
-		free:   make(chan []byte, 2),
-		filled: make(chan []byte, 2),
-		hashed: make(chan struct{}),
-	}
-	for range cap(d.free) {
-		d.free <- (*hashBufs.Get().(*[]byte))[:0]
-	}
+	d := &digester{w: w, h: sha256.New(), todo: make(chan []byte), done: make(chan struct{})}
 	go d.hash()
 	return d
 }
 
 func (d *digester) hash() {
-	defer close(d.hashed)
-	for b := range d.filled {
-		d.h.Write(b)
-		d.free <- b[:0]
+	for p := range d.todo {
+		d.h.Write(p)
+		d.done <- struct{}{}
 	}
 }
 
+// Write hashes p while writing it; it returns only when the hasher no longer reads p.
 func (d *digester) Write(p []byte) (int, error) {
-	for rest := p; len(rest) > 0; {
-		if d.cur == nil {
-			d.cur = <-d.free
-		}
-		n := copy(d.cur[len(d.cur):cap(d.cur)], rest)
-		d.cur, rest = d.cur[:len(d.cur)+n], rest[n:]
-		if len(d.cur) == cap(d.cur) {
-			d.filled <- d.cur
-			d.cur = nil
-		}
-	}
+	d.todo <- p
+	defer func() { <-d.done }() // even if w panics, so the hasher is not left holding p
 	return d.w.Write(p)
 }
 
 // value is the Repr-Digest field value of what was written; it ends the body.
 func (d *digester) value() string {
-	if d.cur != nil {
-		d.filled <- d.cur
-		d.cur = nil
-	}
 	d.close()
 	return "sha-256=:" + base64.StdEncoding.EncodeToString(d.h.Sum(nil)) + ":"
 }
 
-// close stops the hasher once it has hashed what it was given and gives the buffers back; a body
-// that failed is closed without a value.
+// close stops the hasher; a body that failed is closed without a value.
 func (d *digester) close() {
-	if d.closed {
-		return
-	}
-	d.closed = true
-	close(d.filled)
-	<-d.hashed
-	if d.cur != nil {
-		d.free <- d.cur
-	}
-	for range cap(d.free) {
-		b := <-d.free
-		hashBufs.Put(&b)
+	if !d.closed {
+		d.closed = true
+		close(d.todo)
 	}
 }
