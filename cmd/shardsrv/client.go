@@ -314,10 +314,15 @@ func writeAtomic(root *os.Root, name string, fill func(f *os.File) error) error 
 // tempMark is in the name of every temporary file writeAtomic makes (".NAME.tmp-RANDOM").
 const tempMark = ".tmp-"
 
-// removeStaleTemps removes the temporary files an earlier fetch into dir left when it was killed
-// (SIGKILL, a lost node): a fetch that is interrupted otherwise removes its own.
-func removeStaleTemps(root *os.Root, dir string) error {
-	f, err := root.Open(dir)
+// removeStaleTemps removes the temporary files a killed fetch (SIGKILL, a lost node) left in
+// root: those of name, or with name "" all of them. A fetch that is interrupted otherwise removes
+// its own.
+func removeStaleTemps(root *os.Root, name string) error {
+	prefix := "."
+	if name != "" {
+		prefix += name + tempMark
+	}
+	f, err := root.Open(".")
 	if err != nil {
 		return err
 	}
@@ -327,8 +332,8 @@ func removeStaleTemps(root *os.Root, dir string) error {
 		return err
 	}
 	for _, n := range names {
-		if strings.HasPrefix(n, ".") && strings.Contains(n, tempMark) {
-			if err := root.Remove(path.Join(dir, n)); err != nil {
+		if strings.HasPrefix(n, prefix) && strings.Contains(n, tempMark) {
+			if err := root.Remove(n); err != nil {
 				return err
 			}
 		}
@@ -446,11 +451,26 @@ func openDir(dir string) (*os.Root, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := removeStaleTemps(root, "."); err != nil {
+	if err := removeStaleTemps(root, ""); err != nil {
 		root.Close()
 		return nil, err
 	}
 	return root, nil
+}
+
+// openModelDir opens dir as openDir does and lists the checkpoint's files, which a model
+// directory holds beside the weights.
+func openModelDir(ctx context.Context, c *api.Client, ckpt, dir string) (*os.Root, *api.FileList, error) {
+	root, err := openDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	files, err := c.Files(ctx, ckpt)
+	if err != nil {
+		root.Close()
+		return nil, nil, err
+	}
+	return root, files, nil
 }
 
 // writeSmallFiles writes the checkpoint's small files an engine loads beside the weights: all the
@@ -476,15 +496,11 @@ func writeSmallFiles(ctx context.Context, c *api.Client, root *os.Root, ckpt str
 
 // fetchSmallFiles writes a model directory without weights, for an engine that streams them.
 func fetchSmallFiles(ctx context.Context, c *api.Client, ckpt, dir string, stderr io.Writer) error {
-	root, err := openDir(dir)
+	root, files, err := openModelDir(ctx, c, ckpt, dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	files, err := c.Files(ctx, ckpt)
-	if err != nil {
-		return err
-	}
 	n, err := writeSmallFiles(ctx, c, root, ckpt, files)
 	if err != nil {
 		return err
@@ -514,7 +530,7 @@ func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdou
 		}
 		defer root.Close()
 		name := filepath.Base(out)
-		if err := removeStaleTempsOf(root, name); err != nil {
+		if err := removeStaleTemps(root, name); err != nil {
 			return err
 		}
 		err = writeAtomic(root, name, func(f *os.File) (err error) {
@@ -527,27 +543,6 @@ func fetchRequest(ctx context.Context, c *api.Client, reqPath, out string, stdou
 		return err
 	}
 	fetched(stderr, out, got, time.Since(start))
-	return nil
-}
-
-// removeStaleTempsOf removes the temporary files a killed fetch of name left beside it.
-func removeStaleTempsOf(root *os.Root, name string) error {
-	f, err := root.Open(".")
-	if err != nil {
-		return err
-	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	for _, n := range names {
-		if strings.HasPrefix(n, "."+name+tempMark) {
-			if err := root.Remove(n); err != nil {
-				return err
-			}
-		}
-	}
 	return nil
 }
 
@@ -590,16 +585,12 @@ func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlag
 	if err != nil {
 		return err
 	}
-	root, err := openDir(dir)
+	// Listed first, written last: a wrong checkpoint fails before any rank is fetched.
+	root, files, err := openModelDir(ctx, c, ckpt, dir)
 	if err != nil {
 		return err
 	}
 	defer root.Close()
-	// Listed first, written last: a wrong checkpoint fails before any rank is fetched.
-	files, err := c.Files(ctx, ckpt)
-	if err != nil {
-		return err
-	}
 	p := newRanksProgress(stderr, len(ranks))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(parallel)
