@@ -18,10 +18,13 @@ class Rank:
         self.tp_size, self.tp_rank, self.ep = tp_size, tp_rank, ep
 
 
+DEVICE = None  # where parameters are made: the default device, or "meta" for a model without memory
+
+
 def _param(shape, dtype, loader, **attrs):
     # vLLM's parameters start as torch.empty; a fixed pattern makes two loads comparable byte for byte.
-    p = nn.Parameter(torch.full(shape, 3, dtype=torch.float32).to(dtype) if dtype != torch.uint8
-                     else torch.full(shape, 3, dtype=dtype), requires_grad=False)
+    p = nn.Parameter(torch.full(shape, 3, dtype=torch.float32, device=DEVICE).to(dtype) if dtype != torch.uint8
+                     else torch.full(shape, 3, dtype=dtype, device=DEVICE), requires_grad=False)
     p.weight_loader = loader
     for k, v in attrs.items():
         setattr(p, k, v)
