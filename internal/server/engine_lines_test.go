@@ -49,14 +49,15 @@ func vrefLineParallels() []vllmref.Parallel {
 }
 
 // vrefLineUnserved reports whether the server answered that it does not lay out this line (or this
-// architecture on it): a 400 or 422 problem that names engine_version.
+// architecture on it, or the architecture at all): a 400 or 422 problem that names engine_version
+// or points at /layout/engine.
 func vrefLineUnserved(res response) bool {
 	if res.status != 400 && res.status != 422 {
 		return false
 	}
 	if res.problem.Errors != nil {
 		for _, e := range *res.problem.Errors {
-			if e.Pointer == "/layout/engine_version" {
+			if e.Pointer == "/layout/engine_version" || e.Pointer == "/layout/engine" {
 				return true
 			}
 		}
@@ -158,7 +159,8 @@ func vrefSafetensorsMetadata(t *testing.T, body []byte) map[string]string {
 func TestVLLMLinesMatchReference(t *testing.T) {
 	newest := vllmref.Releases[len(vllmref.Releases)-1]
 	for _, line := range vllmref.Releases[1:] {
-		for _, variant := range append(slices.Clone(vllmref.Variants), vllmref.WideVariants...) {
+		variants := slices.Concat(vllmref.Variants, vllmref.WideVariants, vllmref.NewArchVariants)
+		for _, variant := range variants {
 			cfg, hf := vllmref.Checkpoint(variant, 42)
 			var unmodelled vllmref.Unmodelled
 			if _, err := vllmref.RankAt(line, cfg, hf, vllmref.Parallel{TP: 1, DP: 1}); errors.As(err, &unmodelled) {
@@ -190,6 +192,51 @@ func TestVLLMLinesMatchReference(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestVLLMGptOssMXFP4ThroughTheServer decodes the MXFP4 experts the server serves for every rank of
+// a few TP x DP x EP setups, element by element as transformers documents the packing, and holds
+// them to the checkpoint's decoded experts (vllmref.GptOssExpertsReassemble): a check of what the
+// bytes mean that does not go through the reference's slicing rule.
+func TestVLLMGptOssMXFP4ThroughTheServer(t *testing.T) {
+	line := vllmref.Releases[len(vllmref.Releases)-1]
+	dir := t.TempDir()
+	st, err := store.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, planner.DefaultOptions(), st, localPut(t, dir))
+	_, hf := vrefPut(t, h, "gptoss", "gptoss")
+	probe := h.do("POST", "/v1/layouts", map[string]any{
+		"checkpoint": "gptoss", "layout": vrefLineLayout(line, vllmref.Parallel{TP: 1, DP: 1}),
+	})
+	if vrefLineUnserved(probe) {
+		t.Skipf("the server does not lay out gpt-oss on vLLM line %s yet: %d %.300s", line, probe.status, probe.body)
+	}
+	for _, c := range []struct {
+		tp, dp int
+		ep     bool
+	}{{1, 1, false}, {2, 1, false}, {4, 2, false}, {6, 1, false}, {8, 2, false}, {4, 1, true}, {6, 2, true}} {
+		var ranks []map[string]vllmref.Tensor
+		for d := 0; d < c.dp; d++ {
+			for r := 0; r < c.tp; r++ {
+				p := vllmref.Parallel{TP: c.tp, TPRank: r, DP: c.dp, DPRank: d, EnableEP: c.ep}
+				res := h.do("POST", "/v1/shards", map[string]any{
+					"checkpoint": "gptoss", "format": "safetensors", "layout": vrefLineLayout(line, p),
+				})
+				if res.status != 200 {
+					t.Fatalf("%+v: %d %.300s", p, res.status, res.body)
+				}
+				ranks = append(ranks, vrefParseSafetensors(t, res.body))
+			}
+		}
+		for l := 0; l < 2; l++ {
+			prefix := fmt.Sprintf("model.layers.%d.mlp.experts.", l)
+			if err := vllmref.GptOssExpertsReassemble(hf, prefix, ranks, c.ep); err != nil {
+				t.Errorf("TP %d DP %d EP %v layer %d: %v", c.tp, c.dp, c.ep, l, err)
+			}
 		}
 	}
 }

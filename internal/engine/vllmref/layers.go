@@ -13,6 +13,9 @@ type par struct {
 	// FusedMoEParallelConfig.make (vllm/model_executor/layers/fused_moe/config.py).
 	moeTP, moeTPRank int64
 	ep, epRank       int64
+
+	// sequenceParallel is ParallelConfig.use_sequence_parallel_moe on a line that has it (release).
+	sequenceParallel bool
 }
 
 // makePar follows FusedMoEParallelConfig.make of v0.10.2:
@@ -308,11 +311,10 @@ func (b *builder) merged(names []string, hfs []string, quant, disableTP bool, si
 // then num_kv_heads = 1 and num_kv_head_replicas = divide(tp, total_num_kv_heads), else
 // num_kv_heads = divide(total_num_kv_heads, tp). weight_loader puts q, k, v at offsets 0,
 // num_heads*head_size, (num_heads+num_kv_heads)*head_size and reads q from tp_rank, k and v from
-// shard_rank = tp_rank // num_kv_head_replicas. Biases (Qwen2) load the same way.
+// shard_rank = tp_rank // num_kv_head_replicas. Biases (Qwen2) load the same way. A block-fp8
+// checkpoint keeps the F8_E4M3 rows and places each part's block scale as qkvScale says, after the
+// block-shape check of a merged layer with output partitions [q, k, v].
 func (b *builder) qkv(names []string, hfq, hfk, hfv string, quant, bias bool, heads, kvHeads, headDim, hidden int64) {
-	if quant {
-		panic(refusal("the reference does not model block-fp8 QKVParallelLinear"))
-	}
 	tp, r := b.p.tp, b.p.tpRank
 	numHeads := divide(heads, tp, "num_attention_heads")
 	numKV, replicas := int64(1), int64(1)
@@ -323,19 +325,28 @@ func (b *builder) qkv(names []string, hfq, hfk, hfv string, quant, bias bool, he
 	}
 	kvRank := r / replicas
 	qs, kvs := numHeads*headDim, numKV*headDim
-	load := func(suffix string, shape func(rows int64) []int64) {
-		q := b.unquantized(hfq+suffix, shape(heads*headDim)...)
-		k := b.unquantized(hfk+suffix, shape(kvHeads*headDim)...)
-		v := b.unquantized(hfv+suffix, shape(kvHeads*headDim)...)
-		b.add(catRows(
-			narrowRows(q, r*qs, qs, hfq+suffix),
-			narrowRows(k, kvRank*kvs, kvs, hfk+suffix),
-			narrowRows(v, kvRank*kvs, kvs, hfv+suffix),
-		), suffixed(names, suffix)...)
+	if quant {
+		b.validateBlock(names[0], tp, hidden, (heads+2*kvHeads)*headDim, hidden, []int64{qs, kvs, kvs})
 	}
-	load(".weight", func(rows int64) []int64 { return []int64{rows, hidden} })
+	rows := func(t Tensor, suffix string) Tensor {
+		return catRows(
+			narrowRows(t, r*qs, qs, hfq+suffix),
+			narrowRows(t, heads*headDim+kvRank*kvs, kvs, hfk+suffix),
+			narrowRows(t, (heads+kvHeads)*headDim+kvRank*kvs, kvs, hfv+suffix),
+		)
+	}
+	w := catRows(b.linWeight(hfq, quant, heads*headDim, hidden), b.linWeight(hfk, quant, kvHeads*headDim, hidden),
+		b.linWeight(hfv, quant, kvHeads*headDim, hidden))
+	b.add(rows(w, ".weight"), suffixed(names, ".weight")...)
 	if bias {
-		load(".bias", func(rows int64) []int64 { return []int64{rows} })
+		bb := catRows(b.unquantized(hfq+".bias", heads*headDim), b.unquantized(hfk+".bias", kvHeads*headDim),
+			b.unquantized(hfv+".bias", kvHeads*headDim))
+		b.add(rows(bb, ".bias"), suffixed(names, ".bias")...)
+	}
+	if quant {
+		kvOut := kvHeads * headDim
+		b.add(b.qkvScale([3]string{hfq, hfk, hfv}, [3]int64{heads * headDim, kvOut, kvOut}, [3]int64{qs, kvs, kvs},
+			[3]int64{r, kvRank, kvRank}, hidden), suffixed(names, ".weight_scale_inv")...)
 	}
 }
 

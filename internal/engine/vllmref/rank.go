@@ -40,11 +40,18 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 	}
 	cfg := parseConfig(config)
 	b := &builder{cfg: cfg, hf: tensors, p: makePar(p), dtype: cfg.modelDType(), rel: rel}
-	b.bn, b.bk, b.fp8 = cfg.fp8Block()
 	arch := cfg.architecture()
-	if rel.denseOnly && !slices.Contains([]string{"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}, arch) {
-		panic(Unmodelled(arch + " on vLLM " + line + ": its MoE module tree is not modelled (see doc.go)"))
+	if why, ok := rel.unmodelled[arch]; ok {
+		panic(Unmodelled(arch + " on vLLM " + line + ": " + why))
 	}
+	switch {
+	case arch == "GptOssForCausalLM": // its quantization is MXFP4 or none; gptoss reads it
+	case mxfp4Method(cfg) == "mxfp4":
+		panic(refusal("the reference models MXFP4 for gpt-oss only"))
+	default:
+		b.bn, b.bk, b.fp8 = cfg.fp8Block()
+	}
+	b.p.sequenceParallel = rel.sequenceParallelMoE && p.EnableEP && p.TP > 1 && p.DP > 1
 	switch arch {
 	case "LlamaForCausalLM",
 		"Qwen2ForCausalLM",
@@ -58,6 +65,10 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 		b.decoder(arch)
 	case "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM":
 		b.deepseek()
+	case "Glm4MoeForCausalLM":
+		b.glm4moe()
+	case "GptOssForCausalLM":
+		b.gptoss()
 	default:
 		panic(refusal("architecture " + arch + " is not modelled by the reference"))
 	}
@@ -294,6 +305,10 @@ func (b *builder) mla(p string, hidden int64, quant bool) {
 	b.norm(suffixed(names("kv_a_layernorm"), ".weight"), p+".kv_a_layernorm.weight", kvLora)
 	b.column(names("kv_b_proj"), p+".kv_b_proj", quant, false, heads*(nope+vDim), kvLora)
 	b.row(names("o_proj"), p+".o_proj", quant, false, hidden, heads*vDim)
+	// MultiHeadLatentAttentionWrapper holds its MLAAttention as self.mla_attn (created with prefix
+	// f"{prefix}.attn", which names it for the forward context, not in the module tree): the
+	// scale buffers are under self_attn.mla_attn.mla_attn (layers/mla.py, the wrapper's __init__).
+	b.attentionScales(p + ".mla_attn.mla_attn")
 }
 
 // deepseekMoE is DeepseekV2MoE of v0.10.2:
@@ -306,27 +321,46 @@ func (b *builder) mla(p string, hidden int64, quant bool) {
 //	shared_experts = DeepseekV2MLP(moe_intermediate_size * n_shared_experts, TP-split) when
 //	  n_shared_experts is not None, and experts = SharedFusedMoE(shared_experts=..., ...), which
 //	  stores it as self._shared_experts: named "shared_experts.*" and "experts._shared_experts.*",
-//	  the second kept (newer vLLM changes this again; not modelled);
+//	  the second kept;
 //	experts = FusedMoE(n_routed_experts, moe_intermediate_size) from experts.N.{gate,up,down}_proj.
+//
+// On a moeRunner line (deepseek_v2.py@002d6073) the gate is a GateLinear (a ReplicatedLinear,
+// quant_config None, params_dtype None so the model dtype: router_dtype is None without
+// moe_router_dtype) holding the same F32 bias, and the model passes gate=self.gate and
+// shared_experts=self.shared_experts to FusedMoEFactory, so the smallest names are
+// "experts.gate.weight", "experts.gate.e_score_correction_bias" (before
+// "experts.routed_experts.e_score_correction_bias"), "experts._shared_experts._layer.*" and
+// "experts.routed_experts.w13_weight". With sequence-parallel MoE the shared experts are built with
+// disable_tp: whole on every rank.
 func (b *builder) deepseekMoE(p string, hidden int64, quant bool) {
 	c := b.cfg
 	experts := c.int("n_routed_experts")
-	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
+	gateNames, sharedAlias, expertNames := []string{p + ".gate"}, p+".experts._shared_experts", p+".experts"
+	biasNames := []string{p + ".gate.e_score_correction_bias", p + ".experts.e_score_correction_bias"}
+	if b.rel.moeRunner {
+		gateNames = append(gateNames, p+".experts.gate")
+		sharedAlias, expertNames = p+".experts._shared_experts._layer", p+".experts.routed_experts"
+		biasNames = []string{
+			p + ".gate.e_score_correction_bias", p + ".experts.gate.e_score_correction_bias",
+			p + ".experts.routed_experts.e_score_correction_bias",
+		}
+	}
+	b.replicated(gateNames, p+".gate", false, experts, hidden)
 	if c.stringOr("topk_method", "") == "noaux_tc" {
-		bias := convert(b.get(p+".gate.e_score_correction_bias", experts), "F32")
-		b.add(bias, p+".gate.e_score_correction_bias", p+".experts.e_score_correction_bias")
+		b.add(convert(b.get(p+".gate.e_score_correction_bias", experts), "F32"), biasNames...)
 	}
 	if shared, ok := c.nullableInt("n_shared_experts"); ok {
-		b.denseMLPq(
-			p+".shared_experts",
-			c.int("moe_intermediate_size")*shared,
-			hidden,
-			quant,
-			p+".experts._shared_experts",
-		)
+		build := func() {
+			b.denseMLPq(p+".shared_experts", c.int("moe_intermediate_size")*shared, hidden, quant, sharedAlias)
+		}
+		if b.p.sequenceParallel {
+			b.withoutTP(build)
+		} else {
+			build()
+		}
 	}
 	b.fusedMoE(
-		[]string{p + ".experts"},
+		[]string{expertNames},
 		experts,
 		c.int("moe_intermediate_size"),
 		hidden,
@@ -336,4 +370,13 @@ func (b *builder) deepseekMoE(p string, hidden int64, quant bool) {
 			return x + "gate_proj", x + "up_proj", x + "down_proj"
 		},
 	)
+}
+
+// withoutTP builds layers created with disable_tp=True: their tp_size is 1 and tp_rank 0
+// (LinearBase.__init__ in layers/linear.py), so every rank holds them whole.
+func (b *builder) withoutTP(build func()) {
+	tp, r := b.p.tp, b.p.tpRank
+	b.p.tp, b.p.tpRank = 1, 0
+	defer func() { b.p.tp, b.p.tpRank = tp, r }()
+	build()
 }

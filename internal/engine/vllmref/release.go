@@ -3,12 +3,18 @@ package vllmref
 // Releases are the vLLM release lines the reference models, oldest first.
 var Releases = []string{"0.10", "0.29"}
 
+// The "0.29" rules were read from vllm-project/vllm at commit 002d6073 where the search index holds
+// the file there: a main-branch snapshot that has FusedMoEFactory (the rename merged 2026-07-24,
+// before v0.29.0 of 2026-09-09) and DeepSeek-V4 code. The index holds no copy tagged v0.29.0, so
+// no "0.29" rule is pinned to the tag; files the index does not hold at that commit were read at
+// the commit named beside the rule.
+
 // release is what one line changes against the rules of v0.10.2 the builder's layers follow.
 type release struct {
-	// attentionScales: every Attention module registers its q/k/v/prob scales as persistent
-	// buffers. vllm/attention/layer.py, _init_kv_cache_quant -> set_default_quant_scales(layer,
-	// register_buffer=True) (vLLM PR #31395, merged 2025-12-27; read from the index's copy of
-	// vLLM main, not from a tagged release). v0.10.2 creates them as plain attributes.
+	// attentionScales: every Attention and MLAAttention module registers its q/k/v/prob scales as
+	// persistent buffers. vllm/model_executor/layers/attention/attention.py@0014ca6b,
+	// _init_kv_cache_quant -> set_default_quant_scales(layer, register_buffer=True) (vLLM PR
+	// #31395, merged 2025-12-27). v0.10.2 creates them as plain attributes.
 	attentionScales bool
 
 	// lcmVocabPadding: VocabParallelEmbedding.__init__ sets self.padding_size =
@@ -16,16 +22,50 @@ type release struct {
 	// read from the index's copy of vLLM main; the release that introduced it is not pinned here).
 	lcmVocabPadding bool
 
-	// denseOnly: the line's MoE layers (FusedMoE as a factory over MoERunner / RoutedExperts, the
-	// router and shared experts the runner registers again) are not modelled: the copies of
-	// vLLM's sources the reference was written from disagree on that module tree.
-	denseOnly bool
+	// moeRunner: FusedMoEFactory (vllm/model_executor/layers/fused_moe/layer.py@002d6073) returns a
+	// MoERunner module (runner/moe_runner.py@01cb3084) holding routed_experts (a RoutedExperts
+	// module, routed_experts.py@002d6073, whose quant method registers w13_weight, w2_weight and
+	// their scales on it, and which stores e_score_correction_bias as an attribute, so a Parameter
+	// passed there is registered again), the model's gate when the model passes gate=, and the
+	// model's shared experts wrapped as _shared_experts = SharedExperts(layer) with the module as
+	// its _layer (runner/shared_experts.py@01b747c9). The router (router/fused_moe_router.py) is a
+	// plain object with no parameters. So the state dict lists the experts under
+	// "experts.routed_experts.", and the gate, the correction bias and the shared experts a second
+	// time under "experts.", where _filter_subtensors keeps the smaller names.
+	moeRunner bool
+
+	// sequenceParallelMoE: ParallelConfig.use_sequence_parallel_moe (vllm/config/parallel.py) is
+	// all2all_backend in (allgather_reducescatter — the default — deepep_*, mori_*, nixl_ep) and
+	// enable_expert_parallel and TP > 1 and DP > 1; DeepSeek then builds its shared experts with
+	// disable_tp (deepseek_v2.py@002d6073, DeepseekV2MLP(is_sequence_parallel=...)), whole on every
+	// rank. The expert split itself does not change (FusedMoEParallelConfig.make only records
+	// sp_size).
+	sequenceParallelMoE bool
+
+	// unmodelled are the architectures the line does not model, with the reason.
+	unmodelled map[string]string
 }
 
 var releases = map[string]release{
-	"0.10": {},
-	"0.29": {attentionScales: true, lcmVocabPadding: true, denseOnly: true},
+	"0.10": {unmodelled: map[string]string{
+		"Glm4MoeForCausalLM": "the reference models GLM-4.x-MoE on the newer lines only",
+		"GptOssForCausalLM":  "the reference models gpt-oss on the newer lines only",
+	}},
+	"0.29": {
+		attentionScales: true, lcmVocabPadding: true, moeRunner: true, sequenceParallelMoE: true,
+		unmodelled: map[string]string{
+			"MixtralForCausalLM":  line029MoEUnread,
+			"Qwen2MoeForCausalLM": line029MoEUnread,
+			"Qwen3MoeForCausalLM": line029MoEUnread,
+		},
+	},
 }
+
+// line029MoEUnread: the search index holds mixtral.py, qwen2_moe.py and qwen3_moe.py only in
+// versions from before FusedMoEFactory (qwen3_moe.py@2e0831b0 builds SharedFusedMoE), so which
+// modules those models hand the runner on 0.29 (gate=, shared_expert_gate=) could not be read.
+const line029MoEUnread = "its 0.29 model file (which modules it passes FusedMoEFactory) could not be read " +
+	"from a FusedMoEFactory-era copy of vLLM"
 
 // Unmodelled is the error RankAt returns for an input the reference does not model on a line (as
 // opposed to one vLLM refuses): a test should skip it, not expect the server to refuse it.

@@ -3,7 +3,6 @@ package vllmref
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -105,15 +104,7 @@ func TestLine029PadsVocabularyToLCM(t *testing.T) {
 	}
 }
 
-func TestLine029LeavesMoEUnmodelled(t *testing.T) {
-	for _, v := range []string{"mixtral", "qwen2moe", "qwen3moe", "deepseekv3", "deepseekv3-fp8"} {
-		cfg, hf := Checkpoint(v, 7)
-		_, err := RankAt("0.29", cfg, hf, Parallel{TP: 1, DP: 1})
-		var u Unmodelled
-		if !errors.As(err, &u) {
-			t.Errorf("%s on 0.29: %v, want Unmodelled", v, err)
-		}
-	}
+func TestUnknownLinesAndLCM(t *testing.T) {
 	cfg, hf := Checkpoint("llama", 7)
 	if _, err := RankAt("0.11", cfg, hf, Parallel{TP: 1, DP: 1}); err == nil {
 		t.Error("an unknown line is modelled")
