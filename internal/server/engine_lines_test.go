@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -19,14 +20,67 @@ import (
 // architecture the server does not lay out yet is skipped, not failed, so the reference can land
 // before the server implements the line.
 
-// vrefLineLayout is vrefLayout naming a release line ("" names none: the server's default).
+// vrefLineLayout is vrefLayout naming a release line ("" names none: the server's default), with
+// the fields of the newer lines where p sets them: they carry vLLM's own option names.
 func vrefLineLayout(line string, p vllmref.Parallel) map[string]any {
 	l := vrefLayout(p)
 	delete(l, "engine_version")
 	if line != "" {
 		l["engine_version"] = line
 	}
+	if p.PCP > 1 {
+		l["prefill_context_parallel_size"], l["pcp_rank"] = p.PCP, p.PCPRank
+	}
+	if p.RedundantExperts > 0 {
+		l["num_redundant_experts"] = p.RedundantExperts
+	}
+	if p.RoundRobin {
+		l["expert_placement_strategy"] = "round_robin"
+	}
 	return l
+}
+
+// vrefLineMoEParallels are the MoE setups of the newer lines, every rank of each: EPLB's redundant
+// experts (over TP 4 and over TP 2 x DP 2), the round-robin placement (applied at DP 1, linear at
+// DP 2), and prefill-context parallelism with EP off and on.
+func vrefLineMoEParallels() [][]vllmref.Parallel {
+	every := func(p vllmref.Parallel) []vllmref.Parallel {
+		var out []vllmref.Parallel
+		for d := 0; d < p.DP; d++ {
+			for c := 0; c < max(p.PCP, 1); c++ {
+				for r := 0; r < p.TP; r++ {
+					q := p
+					q.DPRank, q.PCPRank, q.TPRank = d, c, r
+					out = append(out, q)
+				}
+			}
+		}
+		return out
+	}
+	return [][]vllmref.Parallel{
+		every(vllmref.Parallel{TP: 4, DP: 1, EnableEP: true, RedundantExperts: 4}),
+		every(vllmref.Parallel{TP: 2, DP: 2, EnableEP: true, RedundantExperts: 4}),
+		every(vllmref.Parallel{TP: 4, DP: 1, EnableEP: true, RoundRobin: true}),
+		every(vllmref.Parallel{TP: 2, DP: 2, EnableEP: true, RoundRobin: true}),
+		every(vllmref.Parallel{TP: 2, DP: 1, PCP: 2}),
+		every(vllmref.Parallel{TP: 2, DP: 1, PCP: 2, EnableEP: true}),
+	}
+}
+
+// vrefFieldUnserved reports whether the server refused a request for a layout field it does not
+// take: a 4xx problem pointing at one of the newer lines' fields.
+func vrefFieldUnserved(res response) bool {
+	if res.status < 400 || res.status >= 500 || res.problem.Errors == nil {
+		return false
+	}
+	for _, e := range *res.problem.Errors {
+		switch e.Pointer {
+		case "/layout/prefill_context_parallel_size", "/layout/pcp_rank", "/layout/num_redundant_experts",
+			"/layout/expert_placement_strategy":
+			return true
+		}
+	}
+	return false
 }
 
 // vrefLineParallels is the grid: TP 1, 2, 4, 6, 8 x EP off and on x DP 1 and 2 x every
@@ -159,7 +213,8 @@ func vrefSafetensorsMetadata(t *testing.T, body []byte) map[string]string {
 func TestVLLMLinesMatchReference(t *testing.T) {
 	newest := vllmref.Releases[len(vllmref.Releases)-1]
 	for _, line := range vllmref.Releases[1:] {
-		variants := slices.Concat(vllmref.Variants, vllmref.WideVariants, vllmref.NewArchVariants)
+		variants := slices.Concat(vllmref.Variants, vllmref.WideVariants, vllmref.NewArchVariants,
+			vllmref.WideMoEVariants)
 		for _, variant := range variants {
 			cfg, hf := vllmref.Checkpoint(variant, 42)
 			var unmodelled vllmref.Unmodelled
@@ -189,6 +244,23 @@ func TestVLLMLinesMatchReference(t *testing.T) {
 				if line == newest {
 					for _, p := range []vllmref.Parallel{{TP: 1, DP: 1}, {TP: 6, TPRank: 5, DP: 1}, {TP: 8, TPRank: 3, DP: 1}} {
 						vrefLineCheck(t, h, variant, "", newest, cfg, hf, p, true)
+					}
+				}
+				if !slices.ContainsFunc(slices.Collect(maps.Keys(hf)), func(n string) bool {
+					return strings.Contains(n, ".experts.")
+				}) {
+					return // a dense model
+				}
+				for _, set := range vrefLineMoEParallels() {
+					probe := h.do("POST", "/v1/layouts", map[string]any{
+						"checkpoint": variant, "layout": vrefLineLayout(line, set[0]),
+					})
+					if vrefFieldUnserved(probe) {
+						t.Logf("the server does not take %+v yet: %d %.200s", set[0], probe.status, probe.body)
+						continue
+					}
+					for _, p := range set {
+						vrefLineCheck(t, h, variant, line, line, cfg, hf, p, p.TPRank == p.TP-1)
 					}
 				}
 			})

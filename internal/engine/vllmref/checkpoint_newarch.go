@@ -27,6 +27,12 @@ import (
 //     blocks over ranks) leaves later ranks shorter or empty.
 var NewArchVariants = []string{"glm4moe", "glm4moe-fp8", "gptoss"}
 
+// WideMoEVariants lists MoE checkpoints of the older architectures whose heads allow TP 6:
+// deepseekv3-wide is DeepseekV3ForCausalLM with 24 MLA heads (q_lora_rank null), 12 routed experts
+// in 2 groups (n_group 2, so the round-robin placement applies where vLLM allows it), one shared
+// expert and a dense first layer.
+var WideMoEVariants = []string{"deepseekv3-wide"}
+
 // The sizes the new-architecture checkpoints share.
 const (
 	newHidden  = 64
@@ -59,6 +65,9 @@ func newArchCheckpoint(variant string, seed int64) ([]byte, map[string]Tensor) {
 	case "gptoss":
 		g.heads, g.kv = gptossHeads, gptossKV
 		cfg = g.gptoss()
+	case "deepseekv3-wide":
+		g.heads = glmHeads
+		cfg = g.deepseekWide()
 	default:
 		panic("vllmref: unknown variant " + variant)
 	}
@@ -208,5 +217,51 @@ func (g *gen) mxfp4(name string, experts, rows, cols int64) {
 	g.out[name+"_scales"] = scales
 }
 
-// isNewArch reports whether a variant is one of NewArchVariants.
-func isNewArch(variant string) bool { return slices.Contains(NewArchVariants, variant) }
+// deepseekWide follows the Hugging Face DeepseekV3Config and DeepSeek-V3's tensor names.
+func (g *gen) deepseekWide() map[string]any {
+	const nope, rope, vDim, kvLora = 16, 4, 16, 32
+	cfg := map[string]any{
+		"architectures": []string{"DeepseekV3ForCausalLM"}, "model_type": "deepseek_v3",
+		"hidden_size": g.hidden, "intermediate_size": glmInter, "moe_intermediate_size": glmMoE,
+		"num_attention_heads": g.heads, "num_key_value_heads": g.heads, "num_hidden_layers": 2,
+		"vocab_size": g.vocab, "q_lora_rank": nil, "kv_lora_rank": kvLora, "qk_nope_head_dim": nope,
+		"qk_rope_head_dim": rope, "v_head_dim": vDim, "n_routed_experts": glmExperts, "n_shared_experts": 1,
+		"num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 2, "topk_group": 1,
+		"topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+		"tie_word_embeddings": false, "torch_dtype": "bfloat16", "hidden_act": "silu", "rms_norm_eps": 1e-6,
+		"rope_theta": 10000.0, "max_position_embeddings": 512,
+	}
+	g.rand("model.embed_tokens.weight", "BF16", g.vocab, g.hidden)
+	for i := 0; i < 2; i++ {
+		l := fmt.Sprintf("model.layers.%d.", i)
+		g.rand(l+"input_layernorm.weight", "BF16", g.hidden)
+		g.rand(l+"post_attention_layernorm.weight", "BF16", g.hidden)
+		a := l + "self_attn."
+		g.rand(a+"q_proj.weight", "BF16", g.heads*(nope+rope), g.hidden)
+		g.rand(a+"kv_a_proj_with_mqa.weight", "BF16", kvLora+rope, g.hidden)
+		g.rand(a+"kv_a_layernorm.weight", "BF16", kvLora)
+		g.rand(a+"kv_b_proj.weight", "BF16", g.heads*(nope+vDim), kvLora)
+		g.rand(a+"o_proj.weight", "BF16", g.hidden, g.heads*vDim)
+		if i == 0 {
+			g.mlp(l+"mlp", "BF16", glmInter)
+			continue
+		}
+		g.rand(l+"mlp.gate.weight", "BF16", glmExperts, g.hidden)
+		g.rand(l+"mlp.gate.e_score_correction_bias", "F32", glmExperts)
+		for e := 0; e < glmExperts; e++ {
+			x := fmt.Sprintf("%smlp.experts.%d.", l, e)
+			g.rand(x+"gate_proj.weight", "BF16", glmMoE, g.hidden)
+			g.rand(x+"up_proj.weight", "BF16", glmMoE, g.hidden)
+			g.rand(x+"down_proj.weight", "BF16", g.hidden, glmMoE)
+		}
+		g.mlp(l+"mlp.shared_experts", "BF16", glmMoE)
+	}
+	g.rand("model.norm.weight", "BF16", g.hidden)
+	g.rand("lm_head.weight", "BF16", g.vocab, g.hidden)
+	return cfg
+}
+
+// isNewArch reports whether a variant is built by newArchCheckpoint.
+func isNewArch(variant string) bool {
+	return slices.Contains(NewArchVariants, variant) || slices.Contains(WideMoEVariants, variant)
+}

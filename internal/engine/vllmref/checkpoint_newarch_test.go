@@ -10,7 +10,7 @@ import (
 )
 
 func TestNewArchCheckpointsAreSmallAndDeterministic(t *testing.T) {
-	for _, v := range NewArchVariants {
+	for _, v := range slices.Concat(NewArchVariants, WideMoEVariants) {
 		cfg, ts := Checkpoint(v, 1)
 		cfg2, ts2 := Checkpoint(v, 1)
 		_, ts3 := Checkpoint(v, 2)

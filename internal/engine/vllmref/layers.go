@@ -16,6 +16,12 @@ type par struct {
 
 	// sequenceParallel is ParallelConfig.use_sequence_parallel_moe on a line that has it (release).
 	sequenceParallel bool
+
+	// redundant is num_redundant_experts (EPLB); roundRobin the requested placement, which
+	// fusedMoE applies only where vLLM does.
+	redundant  int64
+	roundRobin bool
+	dp         int64
 }
 
 // makePar follows FusedMoEParallelConfig.make of v0.10.2:
@@ -26,8 +32,12 @@ type par struct {
 //	use_ep:     ep_size, ep_rank = the flattened tp_size, tp_rank; MoE tp_size 1
 //
 // (No sequence-parallel MoE in v0.10.2: the dense and shared-expert layers always use the
-// attention TP group.)
+// attention TP group.) From "0.29" the flattening takes prefill-context parallelism as a third
+// factor: flatten_tp_across_dp_and_pcp gives dp_size * pcp_size * tp_size and dp_rank * pcp_size *
+// tp_size + pcp_rank * tp_size + tp_rank (fused_moe/config.py), while the attention and dense
+// layers keep the TP split, alike on every PCP rank.
 func makePar(p Parallel) par {
+	pcp := max(p.PCP, 1)
 	if p.TP < 1 || p.DP < 1 {
 		panic(refusal(fmt.Sprintf("tensor_parallel_size %d and data_parallel_size %d must be at least 1", p.TP, p.DP)))
 	}
@@ -37,9 +47,16 @@ func makePar(p Parallel) par {
 	if p.DPRank < 0 || p.DPRank >= p.DP {
 		panic(refusal(fmt.Sprintf("dp_rank %d is outside [0, %d)", p.DPRank, p.DP)))
 	}
+	if p.PCPRank < 0 || p.PCPRank >= pcp {
+		panic(refusal(fmt.Sprintf("pcp_rank %d is outside [0, %d)", p.PCPRank, pcp)))
+	}
+	if p.RedundantExperts < 0 {
+		panic(refusal("num_redundant_experts must not be negative"))
+	}
 	tp, dp := int64(p.TP), int64(p.DP)
-	out := par{tp: tp, tpRank: int64(p.TPRank)}
-	flatTP, flatRank := dp*tp, int64(p.DPRank)*tp+int64(p.TPRank)
+	out := par{tp: tp, tpRank: int64(p.TPRank), redundant: int64(p.RedundantExperts), roundRobin: p.RoundRobin, dp: dp}
+	flatTP := dp * int64(pcp) * tp
+	flatRank := int64(p.DPRank)*int64(pcp)*tp + int64(p.PCPRank)*tp + int64(p.TPRank)
 	if flatTP > 1 && p.EnableEP {
 		out.moeTP, out.moeTPRank, out.ep, out.epRank = 1, 0, flatTP, flatRank
 	} else {
@@ -60,6 +77,45 @@ func localExperts(ep, epRank, global int64) (start, count int64) {
 		count++
 	}
 	return epRank*base + min(epRank, rem), count
+}
+
+// localSlots are the physical expert slots this rank holds, in local order. Slot p < E holds
+// logical expert p and slot E + j logical expert j % E (EplbState.
+// build_initial_global_physical_to_logical_map, and RoutedExperts.build_expert_params_mapping
+// loads each slot from its logical expert's checkpoint tensors; routed_experts.py@002d6073).
+//
+// The E + R slots go over the EP ranks by determine_expert_map (fused_moe/expert_map_manager.py
+// @04d26335): linear by default; round_robin (slots r, r + ep, ...) only where
+// determine_expert_placement_strategy allows it — num_expert_group > 1, no redundant experts, no
+// EPLB, and not with all2all kernels (DP > 1 under EP) on the default allgather_reducescatter
+// backend, which needs DeepEP low-latency or NIXL-EP routing tables — and linear otherwise, with a
+// warning. EPLB needs expert parallelism (ParallelConfig) and an even split ("EPLB currently only
+// supports even distribution of experts across ranks", FusedMoEFactory).
+func (b *builder) localSlots(numExperts int64) []int64 {
+	global := numExperts + b.p.redundant
+	if b.p.redundant > 0 {
+		if b.p.ep == 1 {
+			panic(refusal("EPLB (num_redundant_experts) requires expert parallelism"))
+		}
+		if global%b.p.ep != 0 {
+			panic(refusal(fmt.Sprintf("EPLB currently only supports even distribution of experts across ranks. "+
+				"Got %d experts and %d EP ranks.", global, b.p.ep)))
+		}
+	}
+	groups := b.cfg.intOr("n_group", 1)
+	roundRobin := b.p.roundRobin && b.p.ep > 1 && groups > 1 && b.p.redundant == 0 && b.p.dp == 1
+	var slots []int64
+	if roundRobin {
+		for s := b.p.epRank; s < global; s += b.p.ep {
+			slots = append(slots, s)
+		}
+		return slots
+	}
+	start, count := localExperts(b.p.ep, b.p.epRank, global)
+	for s := start; s < start+count; s++ {
+		slots = append(slots, s)
+	}
+	return slots
 }
 
 // param is one entry of model.state_dict(): a tensor and every name that reaches it.
@@ -441,13 +497,9 @@ func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, q
 			)
 		}
 	}
-	start, count := localExperts(b.p.ep, b.p.epRank, numExperts)
-	if count == 0 {
-		return // torch.empty((0, ...)): numel 0, dropped by _filter_subtensors
-	}
 	var w13, w2, s13, s2 []Tensor
-	for e := start; e < start+count; e++ {
-		gate, up, down := hf(e)
+	for _, slot := range b.localSlots(numExperts) {
+		gate, up, down := hf(slot % numExperts)
 		g := b.linWeight(gate, quant, inter, hidden)
 		u := b.linWeight(up, quant, inter, hidden)
 		d := b.linWeight(down, quant, hidden, inter)
@@ -478,6 +530,9 @@ func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, q
 			)
 			s2 = append(s2, narrowCols(ds, r*cols, cols, down+".weight_scale_inv"))
 		}
+	}
+	if len(w13) == 0 {
+		return // torch.empty((0, ...)): numel 0, dropped by _filter_subtensors
 	}
 	b.add(stack(w13), suffixed(prefixes, ".w13_weight")...)
 	b.add(stack(w2), suffixed(prefixes, ".w2_weight")...)

@@ -3,9 +3,11 @@ package vllmref
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -273,5 +275,157 @@ func TestLine029LeavesUnreadMoEUnmodelled(t *testing.T) {
 		if !errors.As(err, &u) {
 			t.Errorf("%s on %s: %v, want Unmodelled", c.variant, c.line, err)
 		}
+	}
+}
+
+// withConfig is a variant's checkpoint with config.json keys changed.
+func withConfig(t *testing.T, variant string, set map[string]any) ([]byte, map[string]Tensor) {
+	t.Helper()
+	cfg, hf := Checkpoint(variant, 7)
+	var m map[string]any
+	if err := json.Unmarshal(cfg, &m); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range set {
+		m[k] = v
+	}
+	cfg, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, hf
+}
+
+// heldExperts lists which logical expert each local slot of a rank's w13 holds, by comparing the
+// bytes with every checkpoint expert's [gate; up] (-1 for none).
+func heldExperts(t *testing.T, out, hf map[string]Tensor, layer string) []int64 {
+	t.Helper()
+	w13, ok := out[layer+"mlp.experts.routed_experts.w13_weight"]
+	if !ok {
+		return nil
+	}
+	var held []int64
+	for j := int64(0); j < w13.Shape[0]; j++ {
+		who := int64(-1)
+		for e := int64(0); ; e++ {
+			x := fmt.Sprintf("%smlp.experts.%d.", layer, e)
+			if _, ok := hf[x+"gate_proj.weight"]; !ok {
+				break
+			}
+			if same(expert(w13, j), catRows(hf[x+"gate_proj.weight"], hf[x+"up_proj.weight"])) {
+				who = e
+			}
+		}
+		held = append(held, who)
+	}
+	return held
+}
+
+func TestLine029RedundantExpertsTakeTheLastSlots(t *testing.T) {
+	cfg, hf := Checkpoint("deepseekv3", 7)
+	l := "model.layers.1."
+	// 10 experts and 2 redundant over EP 4: 3 slots a rank; slots 10 and 11 hold experts 0 and 1.
+	want := [][]int64{{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 0, 1}}
+	for r := 0; r < 4; r++ {
+		out, err := RankAt("0.29", cfg, hf, Parallel{TP: 4, TPRank: r, DP: 1, EnableEP: true, RedundantExperts: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := heldExperts(t, out, hf, l); !slices.Equal(got, want[r]) {
+			t.Errorf("rank %d holds experts %v, want %v", r, got, want[r])
+		}
+	}
+	for _, c := range []struct {
+		p    Parallel
+		want string
+	}{
+		{Parallel{TP: 4, DP: 1, EnableEP: true, RedundantExperts: 1}, "even distribution"},
+		{Parallel{TP: 2, DP: 1, RedundantExperts: 2}, "requires expert parallelism"},
+	} {
+		if _, err := RankAt("0.29", cfg, hf, c.p); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.p, err, c.want)
+		}
+	}
+	gcfg, ghf := Checkpoint("gptoss", 7)
+	if _, err := RankAt("0.29", gcfg, ghf, Parallel{TP: 2, DP: 1, EnableEP: true, RedundantExperts: 2}); err == nil {
+		t.Error("gpt-oss took redundant experts")
+	}
+	if _, err := RankAt("0.10", cfg, hf, Parallel{TP: 4, DP: 1, EnableEP: true, RedundantExperts: 2}); err == nil {
+		t.Error("0.10 models EPLB")
+	}
+}
+
+func TestLine029RoundRobinOnlyWhereVLLMAllowsIt(t *testing.T) {
+	grouped, hf := withConfig(t, "deepseekv3", map[string]any{"n_group": 2, "topk_group": 1})
+	plain, _ := Checkpoint("deepseekv3", 7)
+	l := "model.layers.1."
+	for _, c := range []struct {
+		cfg  []byte
+		p    Parallel
+		want []int64
+	}{
+		{grouped, Parallel{TP: 4, TPRank: 1, DP: 1, EnableEP: true, RoundRobin: true}, []int64{1, 5, 9}},
+		{grouped, Parallel{TP: 4, TPRank: 3, DP: 1, EnableEP: true, RoundRobin: true}, []int64{3, 7}},
+		// Linear again: DP > 1 (all2all kernels on the default backend), one expert group, EPLB.
+		{grouped, Parallel{TP: 2, TPRank: 1, DP: 2, EnableEP: true, RoundRobin: true}, []int64{3, 4, 5}},
+		{plain, Parallel{TP: 4, TPRank: 1, DP: 1, EnableEP: true, RoundRobin: true}, []int64{3, 4, 5}},
+		{grouped, Parallel{TP: 4, TPRank: 1, DP: 1, EnableEP: true, RoundRobin: true, RedundantExperts: 2},
+			[]int64{3, 4, 5}},
+	} {
+		out, err := RankAt("0.29", c.cfg, hf, c.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := heldExperts(t, out, hf, l); !slices.Equal(got, c.want) {
+			t.Errorf("%+v: experts %v, want %v", c.p, got, c.want)
+		}
+	}
+}
+
+// Prefill-context parallelism splits the experts over DP x PCP x TP and leaves attention to TP.
+func TestLine029PrefillContextParallelism(t *testing.T) {
+	cfg, hf := Checkpoint("deepseekv3", 7)
+	tp2, err := RankAt("0.29", cfg, hf, Parallel{TP: 2, TPRank: 1, DP: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w2s []Tensor
+	for pr := 0; pr < 2; pr++ {
+		for r := 0; r < 2; r++ {
+			out, err := RankAt("0.29", cfg, hf, Parallel{TP: 2, TPRank: r, DP: 1, PCP: 2, PCPRank: pr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w2s = append(w2s, expert(out["model.layers.1.mlp.experts.routed_experts.w2_weight"], 3))
+			a := "model.layers.1.self_attn.mla_attn.o_proj.weight"
+			if r == 1 && !same(out[a], tp2[a]) {
+				t.Errorf("PCP rank %d: attention differs from TP 2 rank 1", pr)
+			}
+		}
+	}
+	if !same(catCols(w2s...), hf["model.layers.1.mlp.experts.3.down_proj.weight"]) {
+		t.Error("the pcp_rank * TP + tp_rank slabs do not reassemble expert 3")
+	}
+	if _, err := RankAt("0.10", cfg, hf, Parallel{TP: 2, DP: 1, PCP: 2}); err == nil {
+		t.Error("0.10 models PCP")
+	}
+}
+
+func TestWideDeepSeekAllowsTP6(t *testing.T) {
+	cfg, hf := Checkpoint("deepseekv3-wide", 7)
+	var qs []Tensor
+	for r := 0; r < 6; r++ {
+		out, err := RankAt("0.29", cfg, hf, Parallel{TP: 6, TPRank: r, DP: 2, DPRank: 1, EnableEP: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		qs = append(qs, out["model.layers.1.self_attn.mla_attn.q_proj.weight"])
+		// EP 12 over 12 experts: one each, rank 6 + r of the flattened group.
+		if got := heldExperts(t, out, hf, "model.layers.1."); !slices.Equal(got, []int64{int64(6 + r)}) {
+			t.Errorf("rank %d holds %v", r, got)
+		}
+	}
+	if !same(catRows(qs...), hf["model.layers.1.self_attn.q_proj.weight"]) {
+		t.Error("q_proj rows do not reassemble at TP 6")
 	}
 }

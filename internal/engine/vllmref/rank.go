@@ -6,10 +6,16 @@ import (
 )
 
 // Parallel is one rank of a vLLM deployment: TP x DP workers, optionally with
-// --enable-expert-parallel.
+// --enable-expert-parallel. The fields after EnableEP exist from the "0.29" line on: PCP is
+// --prefill-context-parallel-size (0 means 1) and PCPRank the rank in it, RedundantExperts is
+// --enable-eplb with eplb_config.num_redundant_experts, RoundRobin is
+// --expert-placement-strategy round_robin.
 type Parallel struct {
 	TP, TPRank, DP, DPRank int
 	EnableEP               bool
+	PCP, PCPRank           int
+	RedundantExperts       int
+	RoundRobin             bool
 }
 
 // Rank is RankAt the v0.10.2 line ("0.10").
@@ -38,6 +44,9 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 	if !ok {
 		panic(Unmodelled("release line " + line + " is not modelled"))
 	}
+	if !rel.moeRunner && (p.PCP > 1 || p.RedundantExperts != 0 || p.RoundRobin) {
+		panic(Unmodelled("prefill-context parallelism, EPLB and round-robin placement are modelled from 0.29 on"))
+	}
 	cfg := parseConfig(config)
 	b := &builder{cfg: cfg, hf: tensors, p: makePar(p), dtype: cfg.modelDType(), rel: rel}
 	arch := cfg.architecture()
@@ -52,6 +61,13 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 		b.bn, b.bk, b.fp8 = cfg.fp8Block()
 	}
 	b.p.sequenceParallel = rel.sequenceParallelMoE && p.EnableEP && p.TP > 1 && p.DP > 1
+	// EPLB needs a model that implements MixtureOfExperts and hands FusedMoEFactory its
+	// num_redundant_experts: DeepseekV2MoE and Glm4MoE do; gpt-oss's MLPBlock and the dense
+	// models do not.
+	if p.RedundantExperts > 0 && !slices.Contains(
+		[]string{"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"}, arch) {
+		panic(refusal(arch + " does not support EPLB's redundant experts"))
+	}
 	switch arch {
 	case "LlamaForCausalLM",
 		"Qwen2ForCausalLM",
