@@ -20,6 +20,7 @@ import (
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/api/layout"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/example"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -65,12 +66,15 @@ func clientFixture(t *testing.T) *fixture {
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 4096 // many segments: a failure lands after the headers
 	opts.MaxGap = 0
+	mem := budget.New(budget.Config{Bytes: 1 << 26, AdmitWait: time.Second})
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
 		Limits: server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(
-			st,
-			executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},
-		)})
+			st, mem,
+			executor.Config{Window: 1, MaxRead: 1 << 20},
+		),
+		Budget: mem,
+	})
 	var requests atomic.Int64
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests.Add(1)

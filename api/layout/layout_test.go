@@ -12,6 +12,7 @@ import (
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/api/layout"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/example"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -38,13 +39,16 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mem := budget.New(budget.Config{Bytes: 1 << 28, AdmitWait: time.Second})
 	srv := server.New(
 		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(),
 			Limits: server.Limits{MaxBodyBytes: 1 << 20},
 			Executor: executor.New(
-				st,
-				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 28, AdmitWait: time.Second},
-			)},
+				st, mem,
+				executor.Config{Window: 2, MaxRead: 1 << 20},
+			),
+			Budget: mem,
+		},
 	)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -125,8 +126,8 @@ func executorKernels(r *report, copyTime time.Duration, copied int64) {
 	defer local.Close()
 	ck, err := checkpoint.New(local).Open(context.Background(), "k")
 	must(err)
-	ex := executor.New(local, executor.Config{Window: executor.DefaultWindow, MaxRead: 16 << 20,
-		MemoryBytes: executor.DefaultMemoryBytes, AdmitWait: time.Second})
+	mem := budget.New(budget.Config{Bytes: budget.DefaultBytes, AdmitWait: time.Second})
+	ex := executor.New(local, mem, executor.Config{Window: executor.DefaultWindow, MaxRead: 16 << 20})
 	through := func(req api.ShardRequest) []time.Duration {
 		plan, err := planner.New(&req, ck, planner.DefaultOptions())
 		must(err)

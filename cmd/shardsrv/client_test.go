@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/example"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -39,13 +40,16 @@ func liveWrapped(t *testing.T, wrap func(http.Handler) http.Handler) (url, folde
 		t.Fatal(err)
 	}
 	st, _ := store.NewLocal(dir)
+	mem := budget.New(budget.Config{Bytes: 1 << 26, AdmitWait: time.Second})
 	srv := server.New(
 		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(),
 			Limits: server.Limits{MaxBodyBytes: 1 << 20},
 			Executor: executor.New(
-				st,
-				executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 26, AdmitWait: time.Second},
-			)},
+				st, mem,
+				executor.Config{Window: 2, MaxRead: 1 << 20},
+			),
+			Budget: mem,
+		},
 	)
 	h := srv.Handler()
 	if wrap != nil {

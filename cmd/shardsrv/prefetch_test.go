@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/cluster"
@@ -34,9 +35,11 @@ func TestPrefetchCommand(t *testing.T) {
 	cached, _ := cache.New(ring, 16<<20, chunk)
 	opts := planner.DefaultOptions()
 	opts.Align = chunk
+	mem := budget.New(budget.Config{Bytes: 1 << 26})
 	srv := server.New(server.Config{Catalog: checkpoint.New(cached), Planner: opts,
 		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
-		Executor: executor.New(cached, executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 1 << 26}),
+		Executor: executor.New(cached, mem, executor.Config{Window: 2, MaxRead: 1 << 20}),
+		Budget:   mem,
 		Cluster:  &server.Cluster{Cache: cached, ChunkBytes: chunk, Ring: ring}})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

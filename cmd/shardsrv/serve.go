@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/internal/azstore"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/cluster"
@@ -38,6 +39,7 @@ type config struct {
 	s3          s3reader.Config
 	gcs         gcsstore.Config
 	azure       azstore.Config
+	budget      budget.Config
 	executor    executor.Config
 	cache       cache.Config
 	limits      server.Limits
@@ -68,6 +70,7 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 	c.s3.RegisterFlags(fs)
 	c.gcs.RegisterFlags(fs)
 	c.azure.RegisterFlags(fs)
+	c.budget.RegisterFlags(fs)
 	c.executor.RegisterFlags(fs)
 	c.cache.RegisterFlags(fs)
 	c.planner.RegisterFlags(fs)
@@ -155,18 +158,18 @@ func (c *config) validate() error {
 		errs = append(errs, errors.New(
 			"--store is required: the directory holding checkpoint folders (try 'make run' for an example)"))
 	}
-	if c.cache.Bytes >= c.executor.MemoryBytes {
+	if c.cache.Bytes >= c.budget.Bytes {
 		errs = append(errs, errors.New("--cache-bytes must be less than --memory-bytes"))
 	}
 	if c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 || c.storeGrace < 0 {
 		errs = append(errs, errors.New(
 			"--idle-timeout and --shutdown-grace must be positive, --drain-delay and --ready-store-grace at least 0"))
 	}
-	if c.planner.MaxPlanBytes > c.executor.MemoryBytes-c.cache.Bytes {
+	if c.planner.MaxPlanBytes > c.budget.Bytes-c.cache.Bytes {
 		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
 	}
 	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.gcs.Validate(), c.azure.Validate(),
-		c.planner.Validate(), c.executor.Validate(), c.cache.Validate(), c.verify.Validate(),
+		c.planner.Validate(), c.budget.Validate(), c.executor.Validate(), c.cache.Validate(), c.verify.Validate(),
 		c.cluster.Validate(), c.tls.validate())
 	if c.cluster.Enabled() && c.cache.Bytes == 0 {
 		errs = append(errs, errors.New("--peers and --peers-dns share the cache: they need --cache-bytes"))
@@ -189,7 +192,7 @@ func serve(args []string, stderr io.Writer) error {
 	// Keep the Go heap near the memory budget (plus room for the runtime and request metadata),
 	// so the garbage collector works harder before the pod's memory limit is reached.
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(c.executor.MemoryBytes + 256<<20)
+		debug.SetMemoryLimit(c.budget.Bytes + 256<<20)
 	}
 	tel, err := telemetry.New(context.Background(), "shardsrv", version)
 	if err != nil {
@@ -224,8 +227,12 @@ func serve(args []string, stderr io.Writer) error {
 			return err
 		}
 	}
+	mem := budget.New(c.budget)
 	var shared *server.Cluster
 	if c.cache.Bytes > 0 {
+		if err := mem.Share(c.cache.Bytes); err != nil { // the cache keeps its memory within its share
+			return err
+		}
 		if shared, err = openCluster(c, st, tel, tokens, certs, log); err != nil {
 			return err
 		}
@@ -234,19 +241,19 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	executorConfig := c.executor
 	executorConfig.MaxRead = c.planner.MaxRead
-	executorConfig.MemoryBytes -= c.cache.Bytes // the cache takes its part of the budget up front
 	executorConfig.Tracer = tel.Tracer.Tracer("shardsrv/executor")
-	exec := executor.New(st, executorConfig)
+	exec := executor.New(st, mem, executorConfig)
 	catalog := checkpoint.New(st)
 	// Every file of a checkpoint is asked for its version at most once a second: a replaced file
 	// is served new within a second, cache or not, at one Stat per file per second.
 	catalog.Revalidate = time.Second
 	// The metadata the catalog and the verifier read and decode is held against the same budget.
-	catalog.ChargeTo(exec.Reserve)
-	verifier.Reserve = exec.Reserve
+	catalog.ChargeTo(mem.Reserve)
+	verifier.Reserve = mem.Reserve
 	srv := server.New(server.Config{
 		Catalog:    catalog,
 		Executor:   exec,
+		Budget:     mem,
 		Planner:    c.planner,
 		Limits:     c.limits,
 		Tokens:     tokens,

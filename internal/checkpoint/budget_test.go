@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
-	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
@@ -41,21 +41,21 @@ func TestIndexReadIsChargedToTheBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := int64(len(index))
-	exec := executor.New(st, executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 5 * n})
-	others, err := exec.Reserve(context.Background(), 2*n)
+	mem := budget.New(budget.Config{Bytes: 5 * n})
+	others, err := mem.Reserve(context.Background(), 2*n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cat := checkpoint.New(st)
-	cat.ChargeTo(exec.Reserve)
-	if _, err := cat.Open(context.Background(), "c"); !errors.Is(err, executor.ErrBusy) {
+	cat.ChargeTo(mem.Reserve)
+	if _, err := cat.Open(context.Background(), "c"); !errors.Is(err, budget.ErrBusy) {
 		t.Fatalf("a %d-byte index with %d of a %d-byte budget free: %v, want ErrBusy", n, 3*n, 5*n, err)
 	}
 	others(2 * n)
 	if _, err := cat.Open(context.Background(), "c"); err != nil {
 		t.Fatal(err)
 	}
-	if got := exec.BytesInFlight(); got != 0 {
+	if got := mem.Held(); got != 0 {
 		t.Fatalf("the budget holds %d bytes after the open", got)
 	}
 }

@@ -38,8 +38,8 @@ const maxIndexLen = 64 << 20
 // (measured on a 35 MB index of 400,000 entries).
 const indexMemoryFactor = 4
 
-// Reserve holds n bytes of the process's memory budget, waiting for them or failing (the
-// executor's Reserve); release gives them back.
+// Reserve holds n bytes of the process's memory budget, waiting for them or failing
+// (budget.Budget.Reserve); release gives them back.
 type Reserve func(ctx context.Context, n int64) (release func(n int64), err error)
 
 // speculativeRead is the first read of a file: it usually holds the whole header, so a header costs

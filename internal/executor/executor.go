@@ -11,8 +11,9 @@
 // Memory is charged for what a segment really holds: its buffers, the cached chunks its sections
 // reference, or for a file section the 256 KiB it may be copied through. A buffered segment is
 // charged the most it may take (its output and its read buffers) while it is produced, then its
-// output until it is written. Each stream holds at most StreamBytes; all streams together at most
-// MemoryBytes.
+// output until it is written. Each stream holds at most StreamBytes; all streams together hold
+// what the process's memory budget (internal/budget) lets them, beside the bodies and plans it
+// holds too.
 package executor
 
 import (
@@ -26,8 +27,6 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -35,6 +34,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -53,16 +53,9 @@ type Executor struct {
 	socketBytes int64
 	sendfile    bool
 	// memory holds the bytes of every segment buffer and read buffer of every stream.
-	memory      *semaphore.Weighted
-	memoryBytes int64
-	inFlight    atomic.Int64
-	// admitWait is how long a new stream waits for memory before it is refused.
-	admitWait time.Duration
-	tracer    trace.Tracer
+	memory *budget.Budget
+	tracer trace.Tracer
 }
-
-// ErrBusy is a stream refused because the memory budget is spent: come back later.
-var ErrBusy = errors.New("the server's memory budget for streams is spent")
 
 // Config sizes an executor.
 type Config struct {
@@ -73,11 +66,6 @@ type Config struct {
 	StreamBytes int64
 	// MaxRead splits longer reads into parallel requests.
 	MaxRead int64
-	// MemoryBytes bounds the segment and read buffers of all streams together. Its flag is the
-	// whole process's budget; the server hands the executor what the cache does not take.
-	MemoryBytes int64
-	// AdmitWait is how long a new stream may wait for memory before it is refused (ErrBusy).
-	AdmitWait time.Duration
 	// SocketBytes is the most of a body the kernel may hold between a socket write and the
 	// client's read (0: this host's TCP buffer maxima); that much of a body's end is not sent
 	// from files.
@@ -96,17 +84,12 @@ type Config struct {
 const (
 	DefaultWindow      = 4
 	DefaultStreamBytes = 16 << 20
-	DefaultAdmitWait   = 5 * time.Second
-	DefaultMemoryBytes = 1536 << 20
 )
 
 // RegisterFlags registers the executor's tunables on fs, with their defaults; the read size comes
-// from the planner's flags.
+// from the planner's flags, the memory budget from internal/budget's.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	c.MemoryBytes, c.StreamBytes = DefaultMemoryBytes, DefaultStreamBytes
-	fs.Var(bytesize.Value{P: &c.MemoryBytes}, "memory-bytes",
-		"memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; "+
-			"a request that finds it spent waits --admit-wait, then gets a 503")
+	c.StreamBytes = DefaultStreamBytes
 	fs.Var(bytesize.Value{P: &c.StreamBytes}, "stream-bytes",
 		"most memory (`SIZE`) one response's buffers hold: segments are read ahead of the writer while they fit; "+
 			"segments sent from local files hold 256 KiB at most")
@@ -115,20 +98,18 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 			"of sending them by sendfile (to a client on this host or one over a veth pair, copying can be faster)")
 	fs.IntVar(&c.Window, "window", DefaultWindow,
 		"most segments of one response read ahead of the writer (--stream-bytes bounds their memory)")
-	fs.DurationVar(&c.AdmitWait, "admit-wait", DefaultAdmitWait,
-		"how long a new stream waits for memory before it is refused with 503 and Retry-After")
 }
 
 // Validate reports settings no stream can run with.
 func (c *Config) Validate() error {
-	if c.Window < 1 || c.AdmitWait < 0 || c.MemoryBytes <= 0 || c.StreamBytes <= 0 {
-		return errors.New("--window, --stream-bytes and --memory-bytes must be positive, --admit-wait at least 0")
+	if c.Window < 1 || c.StreamBytes <= 0 {
+		return errors.New("--window and --stream-bytes must be positive")
 	}
 	return nil
 }
 
-// New returns an executor over s.
-func New(s store.Store, cfg Config) *Executor {
+// New returns an executor over s whose streams take their memory from mem.
+func New(s store.Store, mem *budget.Budget, cfg Config) *Executor {
 	if cfg.Tracer == nil {
 		cfg.Tracer = noop.NewTracerProvider().Tracer("")
 	}
@@ -147,18 +128,10 @@ func New(s store.Store, cfg Config) *Executor {
 		streamBytes: cfg.StreamBytes,
 		socketBytes: cfg.SocketBytes,
 		sendfile:    !cfg.NoSendfile,
-		memory:      semaphore.NewWeighted(cfg.MemoryBytes),
-		memoryBytes: cfg.MemoryBytes,
-		admitWait:   cfg.AdmitWait,
+		memory:      mem,
 		tracer:      cfg.Tracer,
 	}
 }
-
-// Budget is the memory budget, in bytes.
-func (e *Executor) Budget() int64 { return e.memoryBytes }
-
-// BytesInFlight is how much of the memory budget buffers hold now.
-func (e *Executor) BytesInFlight() int64 { return e.inFlight.Load() }
 
 // weight is the most memory a segment takes while it is produced: its output and its read
 // buffers.
@@ -168,54 +141,6 @@ func weight(seg *planner.Segment) int64 {
 		w += r.Length
 	}
 	return w
-}
-
-func (e *Executor) acquire(ctx context.Context, w int64) error {
-	if err := e.memory.Acquire(ctx, w); err != nil {
-		return err
-	}
-	e.inFlight.Add(w)
-	return nil
-}
-
-func (e *Executor) release(w int64) {
-	e.inFlight.Add(-w)
-	e.memory.Release(w)
-}
-
-// admit acquires n bytes of the budget, waiting at most AdmitWait (none: at once or never):
-// ErrBusy after it.
-func (e *Executor) admit(ctx context.Context, n int64) error {
-	if e.memory.TryAcquire(n) {
-		e.inFlight.Add(n)
-		return nil
-	}
-	actx, cancel := context.WithTimeout(ctx, e.admitWait)
-	err := e.acquire(actx, n)
-	cancel()
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return ErrBusy
-	}
-	return nil
-}
-
-// Reserve holds n bytes of the memory budget (at most all of it) for memory that is not a
-// segment's, such as a plan while it is built and streamed, waiting at most AdmitWait; release
-// gives back all or part of it, once per byte. ErrBusy when the budget stays spent.
-func (e *Executor) Reserve(ctx context.Context, n int64) (release func(n int64), err error) {
-	n = min(max(n, 0), e.memoryBytes)
-	if err := e.admit(ctx, n); err != nil {
-		return nil, err
-	}
-	left := n
-	return func(k int64) { // called by one goroutine: the reservation's owner
-		k = min(max(k, 0), left)
-		left -= k
-		e.release(k)
-	}, nil
 }
 
 // Stream is one plan being produced. WriteTo writes the body; Close must be called.
@@ -246,11 +171,11 @@ const copyBytes = 256 << 10
 type charge struct{ all, own int64 }
 
 func (s *Stream) chargeOf(n int64) charge {
-	return charge{min(n, s.e.memoryBytes), min(n, s.e.streamBytes)}
+	return charge{min(n, s.e.memory.Bytes()), min(n, s.e.streamBytes)}
 }
 
 func (s *Stream) release(c charge) {
-	s.e.release(c.all)
+	s.e.memory.Release(c.all)
 	s.own.Release(c.own)
 }
 
@@ -271,10 +196,10 @@ type part struct {
 }
 
 // Stream starts producing a plan's body: the first window of segments begins reading at once.
-// It returns ErrBusy when the memory budget cannot take the first segment within AdmitWait; later
-// segments wait for memory (backpressure). sendfile says the writer WriteTo will get takes files
-// by ReadFrom (a socket, with nothing to see the bytes on their way): file sections then hold no
-// memory; otherwise they are copied through a buffer they are charged for.
+// It returns budget.ErrBusy when the memory budget cannot take the first segment within its
+// AdmitWait; later segments wait for memory (backpressure). sendfile says the writer WriteTo will
+// get takes files by ReadFrom (a socket, with nothing to see the bytes on their way): file
+// sections then hold no memory; otherwise they are copied through a buffer they are charged for.
 func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (*Stream, error) {
 	var segs []*planner.Segment
 	for i := range p.Items {
@@ -295,7 +220,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (
 	var first job
 	if len(segs) > 0 {
 		first = s.job(segs[0])
-		if err := e.admit(ctx, first.charge.all); err != nil {
+		if err := e.memory.Admit(ctx, first.charge.all); err != nil {
 			return nil, err
 		}
 		s.own.TryAcquire(first.charge.own) // a new stream holds nothing yet
@@ -347,7 +272,7 @@ func (s *Stream) produce(segs []*planner.Segment, first job) {
 			if i > 0 {
 				j = s.job(seg)
 				if err = s.own.Acquire(ctx, j.charge.own); err == nil {
-					if err = s.e.acquire(ctx, j.charge.all); err != nil {
+					if err = s.e.memory.Acquire(ctx, j.charge.all); err != nil {
 						s.own.Release(j.charge.own)
 					}
 				}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -443,13 +444,12 @@ func propertyCase(t *testing.T, seed uint64) {
 	if r.IntN(2) == 0 {
 		from = struct{ store.Store }{st} // every segment through buffers
 	}
-	stream, err := executor.New(from, executor.Config{
+	mem := budget.New(budget.Config{Bytes: 1 + r.Int64N(4096), AdmitWait: time.Second})
+	stream, err := executor.New(from, mem, executor.Config{
 		Window:      1 + r.IntN(4),
 		StreamBytes: 1 + r.Int64N(4096),
 		SocketBytes: 1 + r.Int64N(64),
 		MaxRead:     opts.MaxRead,
-		MemoryBytes: 1 + r.Int64N(4096),
-		AdmitWait:   time.Second,
 	}).Stream(context.Background(), plan, r.IntN(2) == 0) // file sections sent, or copied
 	if err != nil {
 		t.Fatal(err)

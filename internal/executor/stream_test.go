@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -48,10 +49,10 @@ func copyPlan(t *testing.T, segBytes int64) (*store.Local, *planner.Plan, []byte
 	return st, p, data
 }
 
-// settled waits until the executor's memory in flight stops changing, and returns it.
-func settled(e *executor.Executor) int64 {
+// settled waits until the memory the budget holds stops changing, and returns it.
+func settled(mem *budget.Budget) int64 {
 	last := int64(-1)
-	for n := e.BytesInFlight(); n != last; n = e.BytesInFlight() {
+	for n := mem.Held(); n != last; n = mem.Held() {
 		last = n
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -74,13 +75,14 @@ func TestStreamHoldsAtMostStreamBytes(t *testing.T) {
 		{"file sections, copied", local, 4 * 256 << 10, false},
 		{"file sections by sendfile", local, 0, true}, // the window does not reach the copied end yet
 	} {
-		e := executor.New(c.store, executor.Config{Window: 4, StreamBytes: 2 << 20, MaxRead: 1 << 20,
-			MemoryBytes: 1 << 30, SocketBytes: 512 << 10})
+		mem := budget.New(budget.Config{Bytes: 1 << 30})
+		e := executor.New(c.store, mem,
+			executor.Config{Window: 4, StreamBytes: 2 << 20, MaxRead: 1 << 20, SocketBytes: 512 << 10})
 		stream, err := e.Stream(context.Background(), plan, c.sendfile)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if held := settled(e); held > c.most || c.most > 0 && held == 0 {
+		if held := settled(mem); held > c.most || c.most > 0 && held == 0 {
 			t.Errorf("%s: a stalled stream holds %d bytes, want at most %d", c.name, held, c.most)
 		}
 		var body bytes.Buffer
@@ -89,7 +91,7 @@ func TestStreamHoldsAtMostStreamBytes(t *testing.T) {
 			t.Errorf("%s: %v, or other bytes than the file's", c.name, err)
 		}
 		stream.Close()
-		if held := settled(e); held != 0 {
+		if held := settled(mem); held != 0 {
 			t.Errorf("%s: %d bytes held after the stream closed", c.name, held)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -52,13 +53,15 @@ func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest)
 	st := &failingStore{Store: local, ok: ok, err: err}
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 16 << 10 // 16 segments
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(
 		server.Config{
 			Catalog: checkpoint.New(st),
 			Executor: executor.New(
-				st,
-				executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+				st, mem,
+				executor.Config{Window: 2, MaxRead: opts.MaxRead},
 			),
+			Budget:  mem,
 			Planner: opts,
 			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
 		},

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -41,13 +42,15 @@ func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, 
 	}
 	opts := planner.DefaultOptions()
 	opts.Align = chunk
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(
 		server.Config{
 			Catalog: checkpoint.New(c),
 			Executor: executor.New(
-				c,
-				executor.Config{Window: 4, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+				c, mem,
+				executor.Config{Window: 4, MaxRead: opts.MaxRead},
 			),
+			Budget:  mem,
 			Planner: opts,
 			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
 		},

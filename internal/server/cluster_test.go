@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/cluster"
@@ -122,14 +123,15 @@ func (c *s3Cluster) add() *replica {
 	}
 	opts := planner.ObjectStoreOptions()
 	opts.Align = c.chunk
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: 5 * time.Second})
 	srv := server.New(server.Config{
-		Catalog: checkpoint.New(cached),
-		Executor: executor.New(cached, executor.Config{Window: 4, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30,
-			AdmitWait: 5 * time.Second}),
-		Planner: opts,
-		Limits:  server.Limits{MaxBodyBytes: 1 << 20},
-		Tokens:  c.clientTok,
-		Cluster: &server.Cluster{Cache: cached, ChunkBytes: c.chunk, Ring: r.ring, PeerTokens: peerTokens},
+		Catalog:  checkpoint.New(cached),
+		Executor: executor.New(cached, mem, executor.Config{Window: 4, MaxRead: opts.MaxRead}),
+		Budget:   mem,
+		Planner:  opts,
+		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+		Tokens:   c.clientTok,
+		Cluster:  &server.Cluster{Cache: cached, ChunkBytes: c.chunk, Ring: r.ring, PeerTokens: peerTokens},
 	})
 	r.srv.Config.Handler = srv.Handler()
 	r.srv.Start()

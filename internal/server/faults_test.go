@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -101,13 +102,15 @@ func faultServer(t *testing.T, cfg s3reader.Config) *faultEnv {
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 64 << 10
 	opts.MaxGap = 1 << 20
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(
 		server.Config{
 			Catalog: checkpoint.New(st),
 			Executor: executor.New(
-				st,
-				executor.Config{Window: 1, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+				st, mem,
+				executor.Config{Window: 1, MaxRead: opts.MaxRead},
 			),
+			Budget:  mem,
 			Planner: opts,
 			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
 			Logger:  slog.New(slog.NewJSONHandler(e.logs, nil)),
@@ -301,13 +304,15 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(
 		server.Config{
 			Catalog: checkpoint.New(st),
 			Executor: executor.New(
-				st,
-				executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+				st, mem,
+				executor.Config{Window: 1, MaxRead: 1 << 20},
 			),
+			Budget:  mem,
 			Planner: planner.DefaultOptions(),
 			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
 			Logger:  slog.New(slog.NewJSONHandler(e.logs, nil)),

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/example"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -100,12 +101,14 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes, opts.SegmentReadBytes = 256<<10, 512<<10
 	opts.MaxOutputBytes, opts.MaxPlanBytes = fuzzMaxOutput, fuzzMaxPlan
+	mem := budget.New(budget.Config{Bytes: fuzzMemory, AdmitWait: time.Second})
 	srv := server.New(server.Config{
 		Catalog: checkpoint.New(st),
 		Executor: executor.New(
-			st,
-			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: fuzzMemory, AdmitWait: time.Second},
+			st, mem,
+			executor.Config{Window: 2, MaxRead: opts.MaxRead},
 		),
+		Budget:  mem,
 		Planner: opts,
 		Limits: server.Limits{
 			MaxBodyBytes:   fuzzMaxBody,

@@ -25,6 +25,7 @@ import (
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/azstore/aztest"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -173,10 +174,12 @@ func localPut(t *testing.T, dir string) func(string, []byte) {
 
 func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(string, []byte)) *harness {
 	t.Helper()
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(server.Config{
 		Catalog: checkpoint.New(st),
-		Executor: executor.New(st,
-			executor.Config{Window: 3, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second}),
+		Executor: executor.New(st, mem,
+			executor.Config{Window: 3, MaxRead: opts.MaxRead}),
+		Budget:  mem,
 		Planner: opts,
 		Limits:  server.Limits{MaxBodyBytes: 1 << 20},
 	})

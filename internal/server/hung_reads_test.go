@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -24,11 +25,13 @@ import (
 
 func fifoServer(t *testing.T, st store.Store, requestTimeout time.Duration) string {
 	opts := planner.DefaultOptions()
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
 		Executor: executor.New(
-			st,
-			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+			st, mem,
+			executor.Config{Window: 2, MaxRead: opts.MaxRead},
 		),
+		Budget: mem,
 		Limits: server.Limits{RequestTimeout: requestTimeout, MaxBodyBytes: 1 << 20}})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

@@ -45,7 +45,7 @@ func (s *Server) expandLayout(ctx context.Context, req *api.ShardRequest, ck *ch
 	}
 	// The config and what it decodes to are held only while the layout is built.
 	cost := engine.ConfigMemory(f.Size)
-	release, err := s.cfg.Executor.Reserve(ctx, cost)
+	release, err := s.cfg.Budget.Reserve(ctx, cost)
 	if err != nil {
 		return err
 	}

@@ -65,8 +65,8 @@ func newMetrics(mp metric.MeterProvider, s *Server) *metrics {
 		metric.WithDescription("1 when the store answered the last readiness check, else 0"),
 	)
 	m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		if s.cfg.Executor != nil {
-			o.ObserveInt64(inFlight, s.cfg.Executor.BytesInFlight())
+		if s.cfg.Budget != nil {
+			o.ObserveInt64(inFlight, s.cfg.Budget.Held())
 		}
 		up := int64(0)
 		if s.store.reachable() {

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -33,7 +34,7 @@ import (
 // opsEnv is a server over a local store holding "m": a BF16 tensor "w" of 1024 x 4096 (8 MiB).
 type opsEnv struct {
 	srv  *server.Server
-	exec *executor.Executor
+	mem  *budget.Budget
 	url  string
 	req  api.ShardRequest
 	data []byte
@@ -52,15 +53,17 @@ func opsServer(t *testing.T, mutate func(*server.Config, store.Store)) *opsEnv {
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 256 << 10
 	cfg := server.Config{Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20}}
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: 100 * time.Millisecond})
 	cfg.Executor = executor.New(
-		st,
-		executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: 100 * time.Millisecond},
+		st, mem,
+		executor.Config{Window: 2, MaxRead: opts.MaxRead},
 	)
+	cfg.Budget = mem
 	cfg.Catalog = checkpoint.New(st)
 	if mutate != nil {
 		mutate(&cfg, st)
 	}
-	e := &opsEnv{srv: server.New(cfg), exec: cfg.Executor, data: data,
+	e := &opsEnv{srv: server.New(cfg), mem: cfg.Budget, data: data,
 		req: shardReq(
 			"m",
 			api.TensorRequest{
@@ -184,7 +187,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestOverloadIsShedWith503(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) { c.Limits.MaxStreams = 1 })
 	stalledClient(t, e)
-	waitFor(t, "the stalled stream to hold memory", func() bool { return e.exec.BytesInFlight() > 0 })
+	waitFor(t, "the stalled stream to hold memory", func() bool { return e.mem.Held() > 0 })
 	res, body := e.post(t, "/v1/shards", e.req)
 	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "streams") {
 		t.Errorf("a second stream over --max-streams 1: %d %s", res.StatusCode, body)
@@ -198,13 +201,15 @@ func TestMemoryBudgetShedsLoad(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) {
 		c.Planner.SegmentBytes = 8 << 20
 		c.Limits.WriteTimeout = 5 * time.Second
+		mem := budget.New(budget.Config{Bytes: 9 << 20, AdmitWait: 100 * time.Millisecond})
 		c.Executor = executor.New(
-			struct{ store.Store }{st},
-			executor.Config{Window: 2, MaxRead: 1 << 20, MemoryBytes: 9 << 20, AdmitWait: 100 * time.Millisecond},
+			struct{ store.Store }{st}, mem,
+			executor.Config{Window: 2, MaxRead: 1 << 20},
 		)
+		c.Budget = mem
 	})
 	stalledClient(t, e)
-	waitFor(t, "the stalled stream to hold memory", func() bool { return e.exec.BytesInFlight() > 0 })
+	waitFor(t, "the stalled stream to hold memory", func() bool { return e.mem.Held() > 0 })
 	res, body := e.post(t, "/v1/shards", e.req)
 	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "memory") {
 		t.Errorf("a stream the memory budget cannot take: %d %s", res.StatusCode, body)
@@ -214,11 +219,11 @@ func TestMemoryBudgetShedsLoad(t *testing.T) {
 func TestStalledClientReleasesItsMemory(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) { c.Limits.WriteTimeout = 300 * time.Millisecond })
 	stalledClient(t, e)
-	waitFor(t, "the stream to hold memory", func() bool { return e.exec.BytesInFlight() > 0 })
+	waitFor(t, "the stream to hold memory", func() bool { return e.mem.Held() > 0 })
 	waitFor(
 		t,
 		"the write deadline to cut the stalled client off and free its buffers",
-		func() bool { return e.exec.BytesInFlight() == 0 },
+		func() bool { return e.mem.Held() == 0 },
 	)
 	if res, body := e.post(t, "/v1/shards", e.req); res.StatusCode != 200 || !bytes.Equal(body, e.data) {
 		t.Errorf("the server serves others after: %d", res.StatusCode)
@@ -233,16 +238,12 @@ func TestSpansAndMetrics(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, local store.Store) {
 		st := telemetry.InstrumentStore(local, tp, mp)
 		c.Catalog = checkpoint.New(st)
+		mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 		c.Executor = executor.New(
-			st,
-			executor.Config{
-				Window:      2,
-				MaxRead:     1 << 20,
-				MemoryBytes: 1 << 30,
-				AdmitWait:   time.Second,
-				Tracer:      tp.Tracer("executor"),
-			},
+			st, mem,
+			executor.Config{Window: 2, MaxRead: 1 << 20, Tracer: tp.Tracer("executor")},
 		)
+		c.Budget = mem
 		c.Tracer, c.Meter = tp, mp
 	})
 	gather := e.req

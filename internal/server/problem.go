@@ -8,9 +8,9 @@ import (
 	"net/http"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/engine"
-	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/jsonbody"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -151,7 +151,7 @@ func toProblem(err error) *Problem {
 		return newProblem("invalid-checkpoint", err.Error())
 	case errors.Is(err, store.ErrChanged), errors.Is(err, store.ErrNotFound):
 		return newProblem("checkpoint-changed", err.Error()+"; retry the request")
-	case errors.Is(err, executor.ErrBusy):
+	case errors.Is(err, budget.ErrBusy):
 		return newProblem("busy", err.Error()+"; retry shortly")
 	case errors.Is(err, store.ErrCorrupt):
 		return newProblem("integrity-mismatch", err.Error()+

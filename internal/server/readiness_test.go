@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -28,8 +29,9 @@ func TestReadinessSurvivesAStoreOutageShorterThanTheGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	serve := func(grace time.Duration) string {
+		mem := budget.New(budget.Config{Bytes: 1 << 26})
 		srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(),
-			Executor:   executor.New(st, executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 26}),
+			Executor:   executor.New(st, mem, executor.Config{Window: 1, MaxRead: 1 << 20}),
 			StoreGrace: grace})
 		ts := httptest.NewServer(srv.Handler())
 		t.Cleanup(ts.Close)

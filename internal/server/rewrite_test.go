@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -41,12 +42,15 @@ func TestInPlaceRewriteNeverServesTwoVersions(t *testing.T) {
 	os.WriteFile(path, versions[0], 0o644)
 	st, _ := store.NewLocal(dir)
 	opts := planner.DefaultOptions() // one 8 MiB read per body: the longest window for a write to land in
+	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
 		Limits: server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(
-			st,
-			executor.Config{Window: 2, MaxRead: opts.MaxRead, MemoryBytes: 1 << 30, AdmitWait: time.Second},
-		)})
+			st, mem,
+			executor.Config{Window: 2, MaxRead: opts.MaxRead},
+		),
+		Budget: mem,
+	})
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -27,10 +28,10 @@ import (
 // declined is the request header that turns the digest off, and with it on sendfile.
 var declined = []string{"Want-Repr-Digest", "sha-256=0"}
 
-// fileServer serves dir's local store with segments of segBytes, a memory budget of budget and
+// fileServer serves dir's local store with segments of segBytes, a memory budget of memory and
 // the last socket bytes of a body not sent from the file; it returns the server's handler and
-// the executor.
-func fileServer(t *testing.T, dir string, segBytes, budget, socket int64) (http.Handler, *executor.Executor) {
+// the budget.
+func fileServer(t *testing.T, dir string, segBytes, memory, socket int64) (http.Handler, *budget.Budget) {
 	st, err := store.NewLocal(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -39,11 +40,12 @@ func fileServer(t *testing.T, dir string, segBytes, budget, socket int64) (http.
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = segBytes
 	opts.MaxPlanBytes = 1 << 20
-	ex := executor.New(st, executor.Config{Window: 4, MaxRead: opts.MaxRead, MemoryBytes: budget,
-		AdmitWait: executor.DefaultAdmitWait, SocketBytes: socket}) // plans reserve memory while built: let them wait
-	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: ex, Planner: opts,
+	// Plans reserve memory while they are built: let them wait.
+	mem := budget.New(budget.Config{Bytes: memory, AdmitWait: budget.DefaultAdmitWait})
+	ex := executor.New(st, mem, executor.Config{Window: 4, MaxRead: opts.MaxRead, SocketBytes: socket})
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: ex, Budget: mem, Planner: opts,
 		Limits: server.Limits{MaxBodyBytes: 1 << 20, WriteTimeout: 10 * time.Second}})
-	return srv.Handler(), ex
+	return srv.Handler(), mem
 }
 
 // u8File writes dir/m/model.safetensors with one U8 tensor "w" of data, and returns the request
@@ -278,7 +280,7 @@ func TestManySlowStreamsFitASmallBudget(t *testing.T) {
 	os.Truncate(path, int64(len(header))+n) // "w" is a hole: n zero bytes, none on disk
 	req := shardReq("m", api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{n}, Boxes: whole(n),
 		Blocks: copyOf("w", n)})
-	handler, ex := fileServer(t, dir, 4<<20, 32<<20, 8<<20)
+	handler, mem := fileServer(t, dir, 4<<20, 32<<20, 8<<20)
 	ts := httptest.NewServer(handler)
 	defer ts.Close()
 	raw, _ := json.Marshal(req)
@@ -303,7 +305,7 @@ func TestManySlowStreamsFitASmallBudget(t *testing.T) {
 			io.CopyN(io.Discard, res.Body, 1<<20)
 			admitted.Done()
 			admitted.Wait() // every stream is under way before any goes on
-			peak.Store(max(peak.Load(), ex.BytesInFlight()))
+			peak.Store(max(peak.Load(), mem.Held()))
 			got, err := io.Copy(io.Discard, res.Body)
 			if res.StatusCode != 200 || err != nil || got+1<<20 != shardLength(t, res) {
 				t.Errorf("client %d: %d, %v after %d bytes", i, res.StatusCode, err, got+1<<20)

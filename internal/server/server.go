@@ -31,6 +31,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -43,8 +44,11 @@ import (
 type Config struct {
 	Catalog  *checkpoint.Catalog
 	Executor *executor.Executor
-	Planner  planner.Options
-	Limits   Limits
+	// Budget is the process's memory budget, the executor's too: bodies, plans and /v1/plan reports
+	// are held against it.
+	Budget  *budget.Budget
+	Planner planner.Options
+	Limits  Limits
 	// Tokens, when set, are the bearer tokens every route but /healthz, /readyz and /metrics needs.
 	Tokens *Tokens
 	Logger *slog.Logger
@@ -294,7 +298,7 @@ func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, v any) (rele
 		return nil, toProblem(err)
 	}
 	cost := int64(len(body)) * decodedBodyFactor
-	giveBack, err := s.cfg.Executor.Reserve(r.Context(), cost)
+	giveBack, err := s.cfg.Budget.Reserve(r.Context(), cost)
 	if err != nil {
 		return nil, toProblem(err)
 	}
@@ -364,7 +368,7 @@ func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, forStream 
 }
 
 // plan resolves and plans a decoded request, under the request's context. The plan's memory is
-// charged to the executor's budget: all a plan may grow to while it is built, then what it holds;
+// charged to the memory budget: all a plan may grow to while it is built, then what it holds;
 // release gives that back once the plan is no longer used. A plan for a stream carries no pieces
 // (they only feed /v1/plan's report).
 func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (
@@ -386,8 +390,8 @@ func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (
 		opts.MaxPlanBytes = planner.DefaultMaxPlanBytes
 	}
 	// One plan never takes more than a quarter of the budget, so bodies and streams keep room.
-	opts.MaxPlanBytes = max(1, min(opts.MaxPlanBytes, s.cfg.Executor.Budget()/4))
-	giveBack, err := s.cfg.Executor.Reserve(r.Context(), opts.MaxPlanBytes)
+	opts.MaxPlanBytes = max(1, min(opts.MaxPlanBytes, s.cfg.Budget.Bytes()/4))
+	giveBack, err := s.cfg.Budget.Reserve(r.Context(), opts.MaxPlanBytes)
 	if err != nil {
 		return nil, nil, toProblem(err)
 	}
@@ -544,7 +548,7 @@ func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
 		entries += int64(len(it.Pieces))
 	}
 	cost := (entries + plan.ReadRequests) * reportEntryBytes
-	giveBack, err := s.cfg.Executor.Reserve(ctx, cost)
+	giveBack, err := s.cfg.Budget.Reserve(ctx, cost)
 	if err != nil {
 		writeProblem(w, r, toProblem(err))
 		return

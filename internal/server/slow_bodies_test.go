@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -98,7 +99,7 @@ func TestSlowBodiesHoldNoSlotAndTimeOut(t *testing.T) {
 func TestPlanIsAdmittedLikeAStream(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) { c.Limits.MaxStreams = 1 })
 	stalledClient(t, e)
-	waitFor(t, "the stalled stream to hold its slot", func() bool { return e.exec.BytesInFlight() > 0 })
+	waitFor(t, "the stalled stream to hold its slot", func() bool { return e.mem.Held() > 0 })
 	res, body := e.post(t, "/v1/plan", e.req)
 	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "busy") {
 		t.Errorf("a plan while the only slot streams: %d %s", res.StatusCode, body)
@@ -120,10 +121,12 @@ func (s slowStore) ReadAt(ctx context.Context, key, version string, p []byte, of
 func TestBodyTimeoutDoesNotCutStreams(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) {
 		c.Limits.BodyTimeout = 200 * time.Millisecond
+		mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 		c.Executor = executor.New(
-			slowStore{st},
-			executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 1 << 30, AdmitWait: time.Second},
+			slowStore{st}, mem,
+			executor.Config{Window: 1, MaxRead: 1 << 20},
 		)
+		c.Budget = mem
 	})
 	req := e.req // 8 segments of 256 KiB, 80 ms each: about 0.7 s
 	req.Tensors = append([]api.TensorRequest(nil), e.req.Tensors...)

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/shardsrv/shardsrv/internal/executor"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/oms"
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 	"github.com/shardsrv/shardsrv/internal/verify"
@@ -32,21 +32,21 @@ func TestSignatureIsVerifiedWithinTheBudget(t *testing.T) {
 	put("m/w.bin", data)
 	put("m/model.sig", bundle)
 	n := int64(len(bundle))
-	exec := executor.New(raw, executor.Config{Window: 1, MaxRead: 1 << 20, MemoryBytes: 8 * n})
-	others, err := exec.Reserve(ctx, 2*n)
+	mem := budget.New(budget.Config{Bytes: 8 * n})
+	others, err := mem.Reserve(ctx, 2*n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()})
-	s.Reserve = exec.Reserve
-	if _, err := s.Stat(ctx, "m/w.bin"); !errors.Is(err, executor.ErrBusy) {
+	s.Reserve = mem.Reserve
+	if _, err := s.Stat(ctx, "m/w.bin"); !errors.Is(err, budget.ErrBusy) {
 		t.Fatalf("a %d-byte model.sig with %d of a %d-byte budget free: %v, want ErrBusy", n, 6*n, 8*n, err)
 	}
 	others(2 * n)
 	if _, err := s.Stat(ctx, "m/w.bin"); err != nil {
 		t.Fatal(err)
 	}
-	if got := exec.BytesInFlight(); got != 0 {
+	if got := mem.Held(); got != 0 {
 		t.Fatalf("the budget holds %d bytes after the signature was verified", got)
 	}
 }

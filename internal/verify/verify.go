@@ -142,7 +142,7 @@ type Store struct {
 	Revalidate time.Duration
 	// Reserve, when set, holds a model.sig's memory against the process's budget while it is read
 	// and verified (signatureMemoryFactor times its length), waiting or failing as the budget
-	// does (the executor's Reserve).
+	// does (budget.Budget.Reserve).
 	Reserve func(ctx context.Context, n int64) (release func(n int64), err error)
 
 	signatures *lru.Cache[string, *signature] // folder → its model.sig, verified

@@ -1,0 +1,143 @@
+// Package budget is the process's memory budget (--memory-bytes): every part that holds memory for
+// a request — its body, its plan, a /v1/plan report, a stream's buffers, an index being decoded, a
+// signature being checked — takes the bytes from the budget before it holds them and gives them
+// back after, so that together they stay under one bound. A part that bounds its own memory (the
+// chunk cache) takes a share of it up front; the rest is shared.
+//
+// A reservation that finds the budget spent waits at most AdmitWait, then fails with ErrBusy (a 503
+// with Retry-After): a request is refused before it is begun rather than the heap grown past the
+// bound. Acquire waits as long as its context lasts: a stream already under way waits for memory
+// (backpressure) rather than failing half-way.
+package budget
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/shardsrv/shardsrv/internal/bytesize"
+)
+
+// ErrBusy is a reservation refused because the budget is spent: come back later.
+var ErrBusy = errors.New("the server's memory budget for streams is spent")
+
+// Config sizes the budget.
+type Config struct {
+	// Bytes is the whole process's budget, the up-front shares included.
+	Bytes int64
+	// AdmitWait is how long a reservation may wait for memory before it is refused (ErrBusy).
+	AdmitWait time.Duration
+}
+
+// The defaults of the flags. 1.5 GiB holds the default cache of an object store (see
+// cache.ObjectStoreConfig) and 256 streams of local file sections six times over.
+const (
+	DefaultBytes     = 1536 << 20
+	DefaultAdmitWait = 5 * time.Second
+)
+
+// RegisterFlags registers --memory-bytes and --admit-wait on fs, with their defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Bytes = DefaultBytes
+	fs.Var(bytesize.Value{P: &c.Bytes}, "memory-bytes",
+		"memory budget (`SIZE`) for the cache, every stream's buffers and the plans being built, together; "+
+			"a request that finds it spent waits --admit-wait, then gets a 503")
+	fs.DurationVar(&c.AdmitWait, "admit-wait", DefaultAdmitWait,
+		"how long a new stream waits for memory before it is refused with 503 and Retry-After")
+}
+
+// Validate reports settings no budget can run with.
+func (c *Config) Validate() error {
+	if c.Bytes <= 0 || c.AdmitWait < 0 {
+		return errors.New("--memory-bytes must be positive, --admit-wait at least 0")
+	}
+	return nil
+}
+
+// Budget is the memory budget. It is safe for concurrent use.
+type Budget struct {
+	memory    *semaphore.Weighted
+	bytes     int64 // what reservations share: the budget less its shares
+	held      atomic.Int64
+	admitWait time.Duration
+}
+
+// New returns a budget of cfg.Bytes, nothing held.
+func New(cfg Config) *Budget {
+	return &Budget{memory: semaphore.NewWeighted(cfg.Bytes), bytes: cfg.Bytes, admitWait: cfg.AdmitWait}
+}
+
+// Share sets n bytes aside for good, for a part that keeps its own memory within them (the chunk
+// cache); reservations share what is left. Shares are taken before anything is reserved, and
+// leave something to share.
+func (b *Budget) Share(n int64) error {
+	if n < 0 || n >= b.bytes {
+		return fmt.Errorf("a share of %d bytes leaves nothing of a %d-byte budget", n, b.bytes)
+	}
+	if b.held.Load() != 0 || !b.memory.TryAcquire(n) {
+		return errors.New("a share of the memory budget is taken before anything is reserved")
+	}
+	b.bytes -= n
+	return nil
+}
+
+// Bytes is what reservations share: the budget less its shares.
+func (b *Budget) Bytes() int64 { return b.bytes }
+
+// Held is how much of Bytes is reserved now.
+func (b *Budget) Held() int64 { return b.held.Load() }
+
+// Acquire takes n bytes (at most Bytes), waiting while ctx lasts.
+func (b *Budget) Acquire(ctx context.Context, n int64) error {
+	if err := b.memory.Acquire(ctx, n); err != nil {
+		return err
+	}
+	b.held.Add(n)
+	return nil
+}
+
+// Release gives back n bytes taken by Acquire or Admit.
+func (b *Budget) Release(n int64) {
+	b.held.Add(-n)
+	b.memory.Release(n)
+}
+
+// Admit takes n bytes (at most Bytes), waiting at most AdmitWait (none: at once or never): ErrBusy
+// after it, or ctx's error when ctx ended first.
+func (b *Budget) Admit(ctx context.Context, n int64) error {
+	if b.memory.TryAcquire(n) {
+		b.held.Add(n)
+		return nil
+	}
+	actx, cancel := context.WithTimeout(ctx, b.admitWait)
+	err := b.Acquire(actx, n)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return ErrBusy
+	}
+	return nil
+}
+
+// Reserve holds n bytes (at most Bytes: a reservation larger than the budget waits for all of it),
+// waiting at most AdmitWait; release gives back all or part of them, once per byte. ErrBusy when
+// the budget stays spent.
+func (b *Budget) Reserve(ctx context.Context, n int64) (release func(n int64), err error) {
+	n = min(max(n, 0), b.bytes)
+	if err := b.Admit(ctx, n); err != nil {
+		return nil, err
+	}
+	left := n
+	return func(k int64) { // called by one goroutine: the reservation's owner
+		k = min(max(k, 0), left)
+		left -= k
+		b.Release(k)
+	}, nil
+}

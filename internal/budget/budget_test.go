@@ -1,0 +1,95 @@
+package budget_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/internal/budget"
+)
+
+// A share comes off what reservations share and is never counted as held; a reservation larger
+// than the rest waits for all of it; a full budget refuses at once with no AdmitWait.
+func TestShareAndReserve(t *testing.T) {
+	b := budget.New(budget.Config{Bytes: 100})
+	if err := b.Share(100); err == nil {
+		t.Fatal("a share of the whole budget was taken")
+	}
+	if err := b.Share(40); err != nil {
+		t.Fatal(err)
+	}
+	if b.Bytes() != 60 || b.Held() != 0 {
+		t.Fatalf("after a share of 40 of 100: Bytes %d, Held %d; want 60, 0", b.Bytes(), b.Held())
+	}
+	release, err := b.Reserve(context.Background(), 1000)
+	if err != nil || b.Held() != 60 {
+		t.Fatalf("a reservation over the budget: %v, holding %d; want all 60", err, b.Held())
+	}
+	if _, err := b.Reserve(context.Background(), 1); !errors.Is(err, budget.ErrBusy) {
+		t.Fatalf("a reservation from a spent budget: %v, want ErrBusy", err)
+	}
+	if err := b.Share(1); err == nil {
+		t.Fatal("a share was taken while memory was reserved")
+	}
+	release(10)
+	release(1000) // only what is left of the reservation comes back
+	release(1)
+	if b.Held() != 0 {
+		t.Fatalf("%d bytes held after the reservation was given back", b.Held())
+	}
+}
+
+// A reservation that ends with its context says so, not ErrBusy.
+func TestReserveEndsWithItsContext(t *testing.T) {
+	b := budget.New(budget.Config{Bytes: 10, AdmitWait: budget.DefaultAdmitWait})
+	if err := b.Acquire(context.Background(), 10); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.Reserve(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a reservation under a canceled context: %v", err)
+	}
+	b.Release(10)
+}
+
+// Any sequence of reservations and partial releases gives every byte back once, whatever the
+// amounts: Held is the sum of what is still reserved, against a count kept beside it.
+func TestReleasesBalance(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		b := budget.New(budget.Config{Bytes: 1 + r.Int64N(1000)})
+		type held struct {
+			release func(int64)
+			left    int64
+		}
+		var open []*held
+		var want int64
+		for range 50 {
+			if len(open) == 0 || r.IntN(2) == 0 {
+				n := r.Int64N(2*b.Bytes()) - 10 // some negative, some over the budget
+				release, err := b.Reserve(context.Background(), n)
+				if err != nil {
+					if !errors.Is(err, budget.ErrBusy) || want+min(max(n, 0), b.Bytes()) <= b.Bytes() {
+						t.Fatalf("Reserve(%d) with %d of %d held: %v", n, want, b.Bytes(), err)
+					}
+					continue
+				}
+				k := min(max(n, 0), b.Bytes())
+				open = append(open, &held{release, k})
+				want += k
+			} else {
+				h := open[r.IntN(len(open))]
+				k := r.Int64N(h.left+2) - 1
+				h.release(k)
+				k = min(max(k, 0), h.left)
+				h.left -= k
+				want -= k
+			}
+			if b.Held() != want {
+				t.Fatalf("Held %d, want %d", b.Held(), want)
+			}
+		}
+	}
+}
