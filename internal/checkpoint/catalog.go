@@ -137,8 +137,8 @@ func New(s store.Store) *Catalog {
 // budget while it reads it.
 func (c *Catalog) ChargeTo(r Reserve) { c.reserve = r }
 
-// Store is the store the catalog reads.
-func (c *Catalog) Store() store.Store { return c.store }
+// Check reports whether the store can be read at all (readiness): nil, or why not.
+func (c *Catalog) Check(ctx context.Context) error { return c.store.Check(ctx) }
 
 // Open resolves a checkpoint. A cached resolution is served for Revalidate; then a Stat of its
 // index (or single file) and of each data file checks that it is current, and one that is not is

@@ -87,10 +87,16 @@ func (c *Catalog) StatFile(ctx context.Context, checkpoint, name string) (File, 
 // ReadFile reads a small file whole, at the version StatFile saw.
 func (c *Catalog) ReadFile(ctx context.Context, f File) ([]byte, error) {
 	buf := make([]byte, f.Size)
-	if err := c.store.ReadAt(ctx, f.Key, f.Version, buf, 0); err != nil {
+	if err := c.ReadFileAt(ctx, f, buf, 0); err != nil {
 		return nil, err
 	}
 	return buf, nil
+}
+
+// ReadFileAt reads len(p) bytes of a small file from off, at the version StatFile saw, so a file
+// streamed a piece at a time is one version throughout.
+func (c *Catalog) ReadFileAt(ctx context.Context, f File, p []byte, off int64) error {
+	return c.store.ReadAt(ctx, f.Key, f.Version, p, off)
 }
 
 // Files lists a checkpoint's servable files, sorted. The checkpoint must resolve.

@@ -13,6 +13,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/engine"
 	"github.com/shardsrv/shardsrv/internal/jsonbody"
 	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/resolve"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
@@ -84,6 +85,13 @@ var bodyProblems = map[jsonbody.Kind]string{
 	jsonbody.Timeout:   "body-timeout",
 }
 
+// layoutProblems is the problem type of each kind of request resolve refuses.
+var layoutProblems = map[resolve.Kind]string{
+	resolve.TableAndLayout: "malformed-request",
+	resolve.NoConfig:       "invalid-layout",
+	resolve.ConfigTooLarge: "checkpoint-over-limits",
+}
+
 // Problem is an error with its HTTP face.
 type Problem struct {
 	Slug   string
@@ -111,6 +119,7 @@ func toProblem(err error) *Problem {
 	var cerr *checkpoint.Error
 	var lerr *engine.Error
 	var berr *jsonbody.Error
+	var rerr *resolve.Error
 	switch {
 	case errors.As(err, &p):
 		return p
@@ -120,6 +129,8 @@ func toProblem(err error) *Problem {
 			fields = append(fields, api.FieldError{Pointer: berr.Pointer, Detail: berr.Field})
 		}
 		return newProblem(bodyProblems[berr.Kind], berr.Detail, fields...)
+	case errors.As(err, &rerr):
+		return newProblem(layoutProblems[rerr.Kind], rerr.Detail, api.FieldError{Pointer: "/layout", Detail: rerr.Field})
 	case errors.As(err, &verr):
 		var fields []api.FieldError
 		for _, fe := range verr.Errors {

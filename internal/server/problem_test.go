@@ -19,7 +19,7 @@ import (
 )
 
 // TestProblemSlugsAreInTheTable reads the package's source: every newProblem call names a slug
-// of problemTypes by a literal (or through bodyProblems), and every slug of the table is sent
+// of problemTypes by a literal (or through bodyProblems or layoutProblems), and every slug of the table is sent
 // somewhere.
 func TestProblemSlugsAreInTheTable(t *testing.T) {
 	files, err := filepath.Glob("*.go")
@@ -45,8 +45,8 @@ func TestProblemSlugsAreInTheTable(t *testing.T) {
 				return true
 			}
 			if idx, ok := call.Args[0].(*ast.IndexExpr); ok {
-				if id, ok := idx.X.(*ast.Ident); ok && id.Name == "bodyProblems" {
-					return true // its values are checked below
+				if id, ok := idx.X.(*ast.Ident); ok && (id.Name == "bodyProblems" || id.Name == "layoutProblems") {
+					return true // their values are checked below
 				}
 			}
 			lit, ok := call.Args[0].(*ast.BasicLit)
@@ -62,9 +62,9 @@ func TestProblemSlugsAreInTheTable(t *testing.T) {
 			return true
 		})
 	}
-	for _, slug := range bodyProblems {
+	for _, slug := range slices.Concat(slices.Collect(maps.Values(bodyProblems)), slices.Collect(maps.Values(layoutProblems))) {
 		if _, ok := problemTypes[slug]; !ok {
-			t.Errorf("bodyProblems: problem type %q is not in problemTypes", slug)
+			t.Errorf("problem type %q of a typed error is not in problemTypes", slug)
 		}
 		used[slug] = true
 	}

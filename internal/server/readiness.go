@@ -54,7 +54,7 @@ func (s *Server) Readyz(w http.ResponseWriter, r *http.Request, params api.Ready
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
-	err := s.cfg.Catalog.Store().Check(ctx)
+	err := s.cfg.Catalog.Check(ctx)
 	down := s.store.observe(err, time.Now())
 	if err != nil && down >= s.cfg.StoreGrace && s.cfg.Cluster == nil {
 		writeProblem(w, r, newProblem("not-ready",

@@ -37,6 +37,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/jsonbody"
 	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/resolve"
 	"github.com/shardsrv/shardsrv/internal/server/gen"
 )
 
@@ -134,6 +135,7 @@ type Server struct {
 	log      *slog.Logger
 	tracer   trace.Tracer
 	metrics  *metrics
+	resolver *resolve.Resolver
 	streams  chan struct{}
 	draining atomic.Bool
 	store    storeState // what /readyz last learned of the store
@@ -178,6 +180,8 @@ func New(cfg Config) *Server {
 		tracer:  cfg.Tracer.Tracer("shardsrv/server"),
 		streams: make(chan struct{}, l.MaxStreams),
 	}
+	s.resolver = resolve.New(resolve.Config{Catalog: cfg.Catalog, Memory: cfg.Budget,
+		MaxConfigBytes: l.MaxConfigBytes, Tracer: s.tracer})
 	s.metrics = newMetrics(cfg.Meter, s)
 	return s
 }
@@ -374,12 +378,9 @@ func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, forStream 
 func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (
 	plan *planner.Plan, release func(), p *Problem,
 ) {
-	ctx, span := s.tracer.Start(r.Context(), "catalog.open",
-		trace.WithAttributes(attribute.String("checkpoint", req.Checkpoint)))
-	ck, err := s.cfg.Catalog.Open(ctx, req.Checkpoint)
-	span.End()
+	ck, err := s.resolver.Open(r.Context(), req.Checkpoint)
 	if err == nil {
-		err = s.expandLayout(ctx, req, ck)
+		req, err = s.resolver.Expand(r.Context(), req, ck)
 	}
 	if err != nil {
 		return nil, nil, toProblem(err)
@@ -396,7 +397,7 @@ func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (
 		return nil, nil, toProblem(err)
 	}
 	start := time.Now()
-	ctx, span = s.tracer.Start(r.Context(), "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
+	ctx, span := s.tracer.Start(r.Context(), "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
 	plan, err = planner.NewContext(ctx, req, ck, opts)
 	span.End()
 	if err != nil {
