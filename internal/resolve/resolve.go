@@ -1,14 +1,16 @@
-// Package resolve turns one shard request into what the executor runs: it opens the checkpoint in
-// the catalog and expands a layout (an engine's rank) into the tensors table it stands for, from the
-// checkpoint's config.json and headers. It writes only to copies: the client's request is never
-// changed. Its errors are typed (Error, and the catalog's, engine's and store's own), for the server
-// to map to problems; nothing here knows HTTP.
+// Package resolve turns one shard request into one plan: it opens the checkpoint in the catalog,
+// expands a layout (an engine's rank) into the tensors table it stands for, from the checkpoint's
+// config.json and headers, reserves the plan's memory and plans. It writes only to copies: the
+// client's request is never changed. It also owns what a failed read says about the resolution
+// (Resolved.ReadFailed). Its errors are typed (Error, and the catalog's, engine's, planner's and
+// store's own), for the server to map to problems; nothing here knows HTTP.
 package resolve
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -17,21 +19,25 @@ import (
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/engine"
+	"github.com/shardsrv/shardsrv/internal/planner"
 )
 
 // ConfigFile is the Hugging Face config a layout is built from.
 const ConfigFile = "config.json"
 
-// Memory is the process memory budget a layout's config.json is held against while the layout is
-// built (a *budget.Budget).
+// Memory is the process memory budget: a layout's config.json is held against it while the layout
+// is built, a plan while it is built and used. Reserve waits for n bytes or fails; release gives
+// back part or all of them. Bytes is its size (a *budget.Budget).
 type Memory interface {
 	Reserve(ctx context.Context, n int64) (release func(n int64), err error)
+	Bytes() int64
 }
 
 // Config is what a Resolver is built from.
 type Config struct {
 	Catalog *checkpoint.Catalog
 	Memory  Memory
+	Planner planner.Options
 	// MaxConfigBytes caps the config.json a layout is built from (a ConfigTooLarge Error above,
 	// refused before it is read); must be positive.
 	MaxConfigBytes int64
@@ -79,8 +85,72 @@ type Layout struct {
 	EngineVersion *string
 }
 
-// Open resolves a checkpoint by name.
-func (r *Resolver) Open(ctx context.Context, name string) (*checkpoint.Checkpoint, error) {
+// Purpose is what a plan is for.
+type Purpose int
+
+const (
+	// Stream is a plan the executor streams: it carries no pieces.
+	Stream Purpose = iota
+	// Report is a plan reported whole (/v1/plan), pieces included.
+	Report
+)
+
+// Resolved is one request resolved and planned. Its plan holds part of the memory budget until
+// Release.
+type Resolved struct {
+	Plan *planner.Plan
+	// Planning is how long the planner took (opening the checkpoint and the layout aside).
+	Planning time.Duration
+
+	catalog *checkpoint.Catalog
+	release func(n int64)
+	held    int64
+}
+
+// Release gives back the memory the plan holds; the plan is not used after it.
+func (x *Resolved) Release() { x.release(x.held) }
+
+// ReadFailed tells the catalog that reading the plan's data failed with err: a resolution that
+// turns out stale (a file changed or vanished since it was resolved) is dropped, so the next
+// request resolves the files as they are now.
+func (x *Resolved) ReadFailed(err error) { x.catalog.ReadFailed(x.Plan.Checkpoint, err) }
+
+// Resolve opens req's checkpoint, expands its layout into a copy of it, and plans that. All a plan
+// may grow to is reserved while it is built — the planner's MaxPlanBytes, at most a quarter of the
+// budget so that bodies and streams keep room — and what it holds is kept until Release.
+func (r *Resolver) Resolve(ctx context.Context, req *api.ShardRequest, purpose Purpose) (*Resolved, error) {
+	ck, err := r.open(ctx, req.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	if req, err = r.expand(ctx, req, ck); err != nil {
+		return nil, err
+	}
+	opts := r.cfg.Planner
+	opts.NoPieces = purpose == Stream
+	if opts.MaxPlanBytes <= 0 {
+		opts.MaxPlanBytes = planner.DefaultMaxPlanBytes
+	}
+	opts.MaxPlanBytes = max(1, min(opts.MaxPlanBytes, r.cfg.Memory.Bytes()/4))
+	giveBack, err := r.cfg.Memory.Reserve(ctx, opts.MaxPlanBytes)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	pctx, span := r.cfg.Tracer.Start(ctx, "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
+	plan, err := planner.NewContext(pctx, req, ck, opts)
+	span.End()
+	if err != nil {
+		giveBack(opts.MaxPlanBytes)
+		return nil, err
+	}
+	held := min(plan.MemoryBytes, opts.MaxPlanBytes)
+	giveBack(opts.MaxPlanBytes - held)
+	return &Resolved{Plan: plan, Planning: time.Since(start), catalog: r.cfg.Catalog, release: giveBack, held: held}, nil
+}
+
+// open resolves a checkpoint by name.
+func (r *Resolver) open(ctx context.Context, name string) (*checkpoint.Checkpoint, error) {
 	ctx, span := r.cfg.Tracer.Start(ctx, "catalog.open", trace.WithAttributes(attribute.String("checkpoint", name)))
 	defer span.End()
 	return r.cfg.Catalog.Open(ctx, name)
@@ -88,17 +158,17 @@ func (r *Resolver) Open(ctx context.Context, name string) (*checkpoint.Checkpoin
 
 // Layout opens checkpoint name and expands l into its table.
 func (r *Resolver) Layout(ctx context.Context, name string, l api.EngineLayout) (*Layout, error) {
-	ck, err := r.Open(ctx, name)
+	ck, err := r.open(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	return r.expand(ctx, ck, l)
+	return r.build(ctx, ck, l)
 }
 
-// Expand returns req as it is planned: req itself when it carries a table, else a copy whose
+// expand returns req as it is planned: req itself when it carries a table, else a copy whose
 // tensors are the table its layout expands to and whose layout names the release line the table
 // follows (so the response can say it).
-func (r *Resolver) Expand(ctx context.Context, req *api.ShardRequest, ck *checkpoint.Checkpoint) (*api.ShardRequest, error) {
+func (r *Resolver) expand(ctx context.Context, req *api.ShardRequest, ck *checkpoint.Checkpoint) (*api.ShardRequest, error) {
 	if req.Layout == nil {
 		return req, nil
 	}
@@ -107,7 +177,7 @@ func (r *Resolver) Expand(ctx context.Context, req *api.ShardRequest, ck *checkp
 			Detail: "a request carries either tensors (a table) or layout (an engine's rank), not both",
 			Field:  "drop tensors or layout"}
 	}
-	l, err := r.expand(ctx, ck, *req.Layout)
+	l, err := r.build(ctx, ck, *req.Layout)
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +187,8 @@ func (r *Resolver) Expand(ctx context.Context, req *api.ShardRequest, ck *checkp
 	return &out, nil
 }
 
-func (r *Resolver) expand(ctx context.Context, ck *checkpoint.Checkpoint, l api.EngineLayout) (*Layout, error) {
+// build expands a layout into its table.
+func (r *Resolver) build(ctx context.Context, ck *checkpoint.Checkpoint, l api.EngineLayout) (*Layout, error) {
 	f, err := r.cfg.Catalog.StatFile(ctx, ck.Name, ConfigFile)
 	if errors.Is(err, checkpoint.ErrNoFile) {
 		return nil, &Error{Kind: NoConfig,

@@ -5,16 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"testing"
+	"time"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/engine/vllmref"
+	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/resolve"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -25,6 +28,7 @@ import (
 // of its own.
 type fixture struct {
 	dir      string
+	catalog  *checkpoint.Catalog
 	budget   *budget.Budget
 	resolver *resolve.Resolver
 }
@@ -42,8 +46,10 @@ func newFixture(t *testing.T, maxConfigBytes int64, variants ...string) *fixture
 	}
 	t.Cleanup(func() { st.Close() })
 	b := budget.New(budget.Config{Bytes: 64 << 20})
-	r := resolve.New(resolve.Config{Catalog: checkpoint.New(st), Memory: b, MaxConfigBytes: maxConfigBytes})
-	return &fixture{dir: dir, budget: b, resolver: r}
+	catalog := checkpoint.New(st)
+	r := resolve.New(resolve.Config{Catalog: catalog, Memory: b, Planner: planner.DefaultOptions(),
+		MaxConfigBytes: maxConfigBytes})
+	return &fixture{dir: dir, catalog: catalog, budget: b, resolver: r}
 }
 
 func writeCheckpoint(t *testing.T, dir, name string, cfg []byte, tensors map[string]vllmref.Tensor) {
@@ -133,40 +139,110 @@ func TestLayoutIsTheRankVLLMSaves(t *testing.T) {
 	}
 }
 
-// TestExpandWritesACopy: a request's layout is expanded into a copy; the client's request is the
-// same afterwards, and a request with a table is planned as it is.
-func TestExpandWritesACopy(t *testing.T) {
+// TestResolveExpandsACopy: a request's layout is planned from a copy; the client's request is the
+// same afterwards, the plan's tensors are the layout's table, and its header names the release line.
+func TestResolveExpandsACopy(t *testing.T) {
 	f := newFixture(t, 1<<20, "llama")
 	ctx := context.Background()
-	ck, err := f.resolver.Open(ctx, "llama")
+	safetensorsFormat := api.Safetensors
+	req := &api.ShardRequest{Checkpoint: "llama", Format: &safetensorsFormat,
+		Layout: &api.EngineLayout{Engine: api.Vllm, TensorParallelSize: ptr(int64(2))}}
+	before := mustJSON(t, req)
+	res, err := f.resolver.Resolve(ctx, req, resolve.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &api.ShardRequest{Checkpoint: "llama", Layout: &api.EngineLayout{Engine: api.Vllm, TensorParallelSize: ptr(int64(2))}}
-	before, _ := json.Marshal(req)
-	out, err := f.resolver.Expand(ctx, req, ck)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if after, _ := json.Marshal(req); !bytes.Equal(after, before) {
+	defer res.Release()
+	if after := mustJSON(t, req); !bytes.Equal(after, before) {
 		t.Errorf("the request changed:\n%s\nto\n%s", before, after)
-	}
-	if out == req || len(out.Tensors) == 0 || out.Layout == req.Layout {
-		t.Fatalf("the expansion is not a copy with a table: %+v", out)
-	}
-	if out.Layout.EngineVersion == nil || *out.Layout.EngineVersion == "" {
-		t.Errorf("the expanded request names no release line: %+v", out.Layout)
 	}
 	l, err := f.resolver.Layout(ctx, "llama", *req.Layout)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a, b := mustJSON(t, out.Tensors), mustJSON(t, l.Tensors); !bytes.Equal(a, b) {
-		t.Errorf("Expand and Layout differ:\n%s\n%s", a, b)
+	var want []string
+	for _, x := range l.Tensors {
+		want = append(want, x.Name)
 	}
-	table := &api.ShardRequest{Checkpoint: "llama", Tensors: l.Tensors}
-	if got, err := f.resolver.Expand(ctx, table, ck); err != nil || got != table {
-		t.Errorf("a table is not planned as sent: %v", err)
+	got := make([]string, len(want))
+	for _, it := range res.Plan.Items { // in body order; Tensor is the index in the table
+		got[it.Tensor] = it.Name
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("the plan's tensors are\n%v\nthe layout's\n%v", got, want)
+	}
+	if l.EngineVersion == nil || !bytes.Contains(res.Plan.Header, []byte(`"shardsrv.engine_version":"`+*l.EngineVersion+`"`)) {
+		t.Errorf("the header does not name release line %v: %s", l.EngineVersion, res.Plan.Header)
+	}
+}
+
+// TestResolveHoldsWhatThePlanHolds: a resolved plan holds its memory of the budget until Release;
+// a request the planner refuses holds none.
+func TestResolveHoldsWhatThePlanHolds(t *testing.T) {
+	f := newFixture(t, 1<<20, "llama")
+	ctx := context.Background()
+	res, err := f.resolver.Resolve(ctx, &api.ShardRequest{Checkpoint: "llama", Layout: &api.EngineLayout{Engine: api.Vllm}},
+		resolve.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.budget.Held(), min(res.Plan.MemoryBytes, f.budget.Bytes()/4); got != want || got <= 0 {
+		t.Errorf("a plan of %d bytes holds %d of the budget, want %d", res.Plan.MemoryBytes, got, want)
+	}
+	res.Release()
+	if n := f.budget.Held(); n != 0 {
+		t.Errorf("%d bytes held after Release", n)
+	}
+	_, err = f.resolver.Resolve(ctx, &api.ShardRequest{Checkpoint: "llama",
+		Tensors: []api.TensorRequest{{Name: "no.such.tensor", Dtype: api.F32, Shape: api.Index{1}}}}, resolve.Report)
+	var verr *planner.ValidationError
+	if !errors.As(err, &verr) {
+		t.Errorf("an unknown tensor: %v", err)
+	}
+	if n := f.budget.Held(); n != 0 {
+		t.Errorf("%d bytes held after a refused plan", n)
+	}
+}
+
+// TestReadFailedDropsAStaleResolution: with revalidation far off, a checkpoint replaced in the
+// store is still planned from the old resolution — until a read of it fails with a changed file;
+// another failure leaves the resolution.
+func TestReadFailedDropsAStaleResolution(t *testing.T) {
+	f := newFixture(t, 1<<20, "llama")
+	f.catalog.Revalidate = time.Hour
+	ctx := context.Background()
+	table := func(name string) *api.ShardRequest {
+		blocks := []api.Block{{Source: name, Base: api.Index{0}, Coeff: []api.Index{{1}}, Offsets: api.Index{0},
+			Lengths: api.Lengths{1}}}
+		return &api.ShardRequest{Checkpoint: "llama", Tensors: []api.TensorRequest{{Name: name, Dtype: api.F32,
+			Shape: api.Index{1}, Boxes: []api.Box{{Offsets: api.Index{0}, Lengths: api.Lengths{1}}}, Blocks: &blocks}}}
+	}
+	res, err := f.resolver.Resolve(ctx, &api.ShardRequest{Checkpoint: "llama", Layout: &api.EngineLayout{Engine: api.Vllm}},
+		resolve.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Release()
+	cfg, tensors := vllmref.Checkpoint("llama", 42)
+	tensors["added"] = vllmref.Tensor{DType: "F32", Shape: []int64{1}, Data: make([]byte, 4)}
+	writeCheckpoint(t, f.dir, "llama", cfg, tensors)
+	plans := func() error {
+		res, err := f.resolver.Resolve(ctx, table("added"), resolve.Stream)
+		if err == nil {
+			res.Release()
+		}
+		return err
+	}
+	if err := plans(); err == nil {
+		t.Fatal("the new tensor is planned before the resolution was found stale: revalidation is not what is tested")
+	}
+	res.ReadFailed(fmt.Errorf("a read: %w", store.ErrUnavailable))
+	if err := plans(); err == nil {
+		t.Error("a store that is unavailable dropped the resolution")
+	}
+	res.ReadFailed(fmt.Errorf("a read: %w", store.ErrChanged))
+	if err := plans(); err != nil {
+		t.Errorf("after a read found a file changed: %v", err)
 	}
 }
 
@@ -179,9 +255,9 @@ func mustJSON(t *testing.T, v any) []byte {
 	return b
 }
 
-// TestExpandRefuses: a table and a layout together, a checkpoint without config.json, a config.json
+// TestResolveRefuses: a table and a layout together, a checkpoint without config.json, a config.json
 // over the cap and a budget with no room are refused with their typed errors.
-func TestExpandRefuses(t *testing.T) {
+func TestResolveRefuses(t *testing.T) {
 	f := newFixture(t, 1<<20, "llama")
 	cfg, tensors := vllmref.Checkpoint("llama", 42)
 	writeCheckpoint(t, f.dir, "no-config", nil, tensors)
@@ -196,13 +272,9 @@ func TestExpandRefuses(t *testing.T) {
 		}
 		return err
 	}
-	ck, err := f.resolver.Open(ctx, "llama")
-	if err != nil {
-		t.Fatal(err)
-	}
 	both := &api.ShardRequest{Checkpoint: "llama", Layout: &layout,
 		Tensors: []api.TensorRequest{{Name: "x", Dtype: api.F32, Shape: api.Index{1}}}}
-	if _, err := f.resolver.Expand(ctx, both, ck); kind(err) != resolve.TableAndLayout {
+	if _, err := f.resolver.Resolve(ctx, both, resolve.Stream); kind(err) != resolve.TableAndLayout {
 		t.Errorf("tensors and layout: %v", err)
 	}
 	if _, err := f.resolver.Layout(ctx, "no-config", layout); kind(err) != resolve.NoConfig {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/cluster"
+	"github.com/shardsrv/shardsrv/internal/resolve"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
@@ -74,12 +75,13 @@ func (s *Server) prefetchChunks(r *http.Request, req *api.ShardRequest) ([]clust
 			reads[file{t.Key, t.Version}] = []store.Range{{Length: -1}} // the whole file, as long as Stat says
 		}
 	} else {
-		plan, release, p := s.plan(r, req, true)
-		if p != nil {
-			return nil, p
+		res, err := s.resolver.Resolve(r.Context(), req, resolve.Stream)
+		if err != nil {
+			return nil, err
 		}
-		defer release()
-		for _, it := range plan.Items {
+		defer res.Release()
+		s.metrics.planned(r.Context(), res.Plan, res.Planning)
+		for _, it := range res.Plan.Items {
 			for _, seg := range it.Segments {
 				for _, rd := range slices.Concat(seg.Direct, seg.Spans) {
 					f := file{rd.Key, rd.Version}

@@ -1,5 +1,6 @@
-// Package server is shardsrv's HTTP face: it decodes requests, runs them through the catalog, the
-// planner and the executor, streams the body, and answers every error as an RFC 9457 problem.
+// Package server is shardsrv's HTTP face: it decodes requests, has resolve turn each into a plan,
+// runs the plan through the executor, streams the body, and answers every error as an RFC 9457
+// problem.
 package server
 
 import (
@@ -24,7 +25,6 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
@@ -133,7 +133,6 @@ func (l *Limits) Validate() error {
 type Server struct {
 	cfg      Config
 	log      *slog.Logger
-	tracer   trace.Tracer
 	metrics  *metrics
 	resolver *resolve.Resolver
 	streams  chan struct{}
@@ -177,11 +176,10 @@ func New(cfg Config) *Server {
 	s := &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		tracer:  cfg.Tracer.Tracer("shardsrv/server"),
 		streams: make(chan struct{}, l.MaxStreams),
 	}
-	s.resolver = resolve.New(resolve.Config{Catalog: cfg.Catalog, Memory: cfg.Budget,
-		MaxConfigBytes: l.MaxConfigBytes, Tracer: s.tracer})
+	s.resolver = resolve.New(resolve.Config{Catalog: cfg.Catalog, Memory: cfg.Budget, Planner: cfg.Planner,
+		MaxConfigBytes: l.MaxConfigBytes, Tracer: cfg.Tracer.Tracer("shardsrv/resolve")})
 	s.metrics = newMetrics(cfg.Meter, s)
 	return s
 }
@@ -346,10 +344,10 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request) (_ *api.ShardReq
 }
 
 // admitAndPlan decodes a request, takes a slot — only now, so a client slow to send its body holds
-// none — and plans it. When ok, done gives back the slot and the memory the body and plan hold;
+// none — and resolves it. When ok, done gives back the slot and the memory the body and plan hold;
 // otherwise the problem was written.
-func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, forStream bool) (
-	plan *planner.Plan, done func(), ok bool,
+func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, purpose resolve.Purpose) (
+	res *resolve.Resolved, done func(), ok bool,
 ) {
 	req, releaseBody, p := s.decode(w, r)
 	if p != nil {
@@ -361,53 +359,15 @@ func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, forStream 
 		releaseBody()
 		return nil, nil, false
 	}
-	plan, releasePlan, p := s.plan(r, req, forStream)
-	if p != nil {
+	res, err := s.resolver.Resolve(r.Context(), req, purpose)
+	if err != nil {
 		releaseSlot()
 		releaseBody()
-		writeProblem(w, r, p)
+		writeProblem(w, r, toProblem(err))
 		return nil, nil, false
 	}
-	return plan, func() { releasePlan(); releaseSlot(); releaseBody() }, true
-}
-
-// plan resolves and plans a decoded request, under the request's context. The plan's memory is
-// charged to the memory budget: all a plan may grow to while it is built, then what it holds;
-// release gives that back once the plan is no longer used. A plan for a stream carries no pieces
-// (they only feed /v1/plan's report).
-func (s *Server) plan(r *http.Request, req *api.ShardRequest, forStream bool) (
-	plan *planner.Plan, release func(), p *Problem,
-) {
-	ck, err := s.resolver.Open(r.Context(), req.Checkpoint)
-	if err == nil {
-		req, err = s.resolver.Expand(r.Context(), req, ck)
-	}
-	if err != nil {
-		return nil, nil, toProblem(err)
-	}
-	opts := s.cfg.Planner
-	opts.NoPieces = forStream
-	if opts.MaxPlanBytes <= 0 {
-		opts.MaxPlanBytes = planner.DefaultMaxPlanBytes
-	}
-	// One plan never takes more than a quarter of the budget, so bodies and streams keep room.
-	opts.MaxPlanBytes = max(1, min(opts.MaxPlanBytes, s.cfg.Budget.Bytes()/4))
-	giveBack, err := s.cfg.Budget.Reserve(r.Context(), opts.MaxPlanBytes)
-	if err != nil {
-		return nil, nil, toProblem(err)
-	}
-	start := time.Now()
-	ctx, span := s.tracer.Start(r.Context(), "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
-	plan, err = planner.NewContext(ctx, req, ck, opts)
-	span.End()
-	if err != nil {
-		giveBack(opts.MaxPlanBytes)
-		return nil, nil, toProblem(err)
-	}
-	held := min(plan.MemoryBytes, opts.MaxPlanBytes)
-	giveBack(opts.MaxPlanBytes - held)
-	s.metrics.planned(r.Context(), plan, time.Since(start))
-	return plan, func() { giveBack(held) }, nil
+	s.metrics.planned(r.Context(), res.Plan, res.Planning)
+	return res, func() { res.Release(); releaseSlot(); releaseBody() }, true
 }
 
 // PostShards streams a shard. The response is committed only once the first segment is ready
@@ -422,11 +382,12 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
 	r = r.WithContext(ctx)
-	plan, done, ok := s.admitAndPlan(w, r, true)
+	res, done, ok := s.admitAndPlan(w, r, resolve.Stream)
 	if !ok {
 		return
 	}
 	defer done()
+	plan := res.Plan
 	start := time.Now()
 	s.metrics.streams.Add(ctx, 1)
 	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
@@ -438,7 +399,7 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	}
 	defer stream.Close()
 	if err := stream.Prime(); err != nil {
-		s.cfg.Catalog.ReadFailed(plan.Checkpoint, err)
+		res.ReadFailed(err)
 		writeProblem(w, r, toProblem(err))
 		return
 	}
@@ -469,7 +430,7 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 		body = dg
 	}
 	if _, err := stream.WriteTo(body); err != nil {
-		s.cfg.Catalog.ReadFailed(plan.Checkpoint, err)
+		res.ReadFailed(err)
 		if sock.commit != nil {
 			writeProblem(w, r, toProblem(err))
 			return
@@ -537,11 +498,12 @@ func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
 	r = r.WithContext(ctx)
-	plan, done, ok := s.admitAndPlan(w, r, false)
+	res, done, ok := s.admitAndPlan(w, r, resolve.Report)
 	if !ok {
 		return
 	}
 	defer done()
+	plan := res.Plan
 	// The report is built and encoded whole: charge it too, at about reportEntryBytes a read or
 	// piece (the Go values and their JSON).
 	var entries int64
