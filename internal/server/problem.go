@@ -92,15 +92,14 @@ var layoutProblems = map[resolve.Kind]string{
 	resolve.ConfigTooLarge: "checkpoint-over-limits",
 }
 
-// Problem is an error with its HTTP face.
+// Problem is what writeProblem sends for an error. It is not an error itself, so nothing returns
+// one as an error: packages return their typed errors and sentinels, and toProblem maps them.
 type Problem struct {
 	Slug   string
 	Detail string
 	Errors []api.FieldError
 	kind
 }
-
-func (p *Problem) Error() string { return p.Title + ": " + p.Detail }
 
 // newProblem is a problem of the type slug names, which must be in problemTypes.
 func newProblem(slug, detail string, fields ...api.FieldError) *Problem {
@@ -114,15 +113,12 @@ func newProblem(slug, detail string, fields ...api.FieldError) *Problem {
 // toProblem maps every error the service can meet to its problem: the one place sentinels and
 // error types become HTTP.
 func toProblem(err error) *Problem {
-	var p *Problem
 	var verr *planner.ValidationError
 	var cerr *checkpoint.Error
 	var lerr *engine.Error
 	var berr *jsonbody.Error
 	var rerr *resolve.Error
 	switch {
-	case errors.As(err, &p):
-		return p
 	case errors.As(err, &berr):
 		var fields []api.FieldError
 		if berr.Pointer != "" {
