@@ -22,8 +22,8 @@ import (
 	"github.com/shardsrv/shardsrv/internal/planner"
 )
 
-// ConfigFile is the Hugging Face config a layout is built from.
-const ConfigFile = "config.json"
+// configFile is the Hugging Face config a layout is built from.
+const configFile = "config.json"
 
 // Memory is the process memory budget: a layout's config.json is held against it while the layout
 // is built, a plan while it is built and used. Reserve waits for n bytes or fails; release gives
@@ -189,7 +189,7 @@ func (r *Resolver) expand(ctx context.Context, req *api.ShardRequest, ck *checkp
 
 // build expands a layout into its table.
 func (r *Resolver) build(ctx context.Context, ck *checkpoint.Checkpoint, l api.EngineLayout) (*Layout, error) {
-	f, err := r.cfg.Catalog.StatFile(ctx, ck.Name, ConfigFile)
+	f, err := r.cfg.Catalog.StatFile(ctx, ck.Name, configFile)
 	if errors.Is(err, checkpoint.ErrNoFile) {
 		return nil, &Error{Kind: NoConfig,
 			Detail: "the checkpoint has no config.json, which a layout is built from; send a tensors table instead",
@@ -199,7 +199,7 @@ func (r *Resolver) build(ctx context.Context, ck *checkpoint.Checkpoint, l api.E
 		return nil, err
 	}
 	if limit := r.cfg.MaxConfigBytes; f.Size > limit {
-		detail := fmt.Sprintf("%s is %d bytes, over --max-config-bytes %d", ConfigFile, f.Size, limit)
+		detail := fmt.Sprintf("%s is %d bytes, over --max-config-bytes %d", configFile, f.Size, limit)
 		return nil, &Error{Kind: ConfigTooLarge, Detail: detail, Field: detail}
 	}
 	// The config and what it decodes to are held only while the layout is built.
