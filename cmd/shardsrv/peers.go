@@ -12,10 +12,18 @@ import (
 	"github.com/shardsrv/shardsrv/internal/telemetry"
 )
 
-// openCluster builds the chunk cache over the cluster store over st, and starts finding peers.
+// sharedCache is the chunk cache as the replicas share it (docs/cluster.md).
+type sharedCache struct {
+	cache      *cache.Store       // the top of the store stack, over the cluster store
+	handler    *cluster.Handler   // the peer route and prefetches
+	peerTokens *server.Tokens     // admit peers to the peer route; nil without --peers
+	discovery  *cluster.Discovery // keeps the peers current while it runs
+}
+
+// openCluster builds the chunk cache over the cluster store over st, and finds the peers.
 // Without --peers the cluster store owns every chunk and only counts what prefetches fill.
-func openCluster(c *config, st store.Store, tel *telemetry.Providers, clientTokens *server.Tokens,
-	certs *certReloader, log *slog.Logger) (*server.Cluster, error) {
+func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.Providers,
+	clientTokens *server.Tokens, certs *certReloader, log *slog.Logger) (*sharedCache, error) {
 	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.ChunkBytes, Timeout: c.cluster.Timeout,
 		Tracer: tel.Tracer, Meter: tel.Meter, Logger: log}
 	if c.tls.peerCAFile != "" || certs != nil {
@@ -45,6 +53,6 @@ func openCluster(c *config, st store.Store, tel *telemetry.Providers, clientToke
 		return nil, err
 	}
 	telemetry.ObserveCache(tel.Meter, cached)
-	c.cluster.Discover(context.Background(), ring, log)
-	return &server.Cluster{Cache: cached, ChunkBytes: c.cache.ChunkBytes, Ring: ring, PeerTokens: peerTokens}, nil
+	return &sharedCache{cache: cached, handler: cluster.NewHandler(ring, cached), peerTokens: peerTokens,
+		discovery: c.cluster.Discover(ctx, ring, log)}, nil
 }

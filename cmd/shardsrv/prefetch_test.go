@@ -40,7 +40,7 @@ func TestPrefetchCommand(t *testing.T) {
 		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(cached, mem, executor.Config{Window: 2, MaxRead: 1 << 20}),
 		Budget:   mem,
-		Cluster:  &server.Cluster{Cache: cached, ChunkBytes: chunk, Ring: ring}})
+		Cluster:  cluster.NewHandler(ring, cached)})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 

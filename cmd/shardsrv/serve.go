@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -228,15 +229,23 @@ func serve(args []string, stderr io.Writer) error {
 		}
 	}
 	mem := budget.New(c.budget)
-	var shared *server.Cluster
+	// What runs beside the listener (peer discovery) stops with it.
+	background, stopBackground := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	defer running.Wait()
+	defer stopBackground()
+	var peers *cluster.Handler
+	var peerTokens *server.Tokens
 	if c.cache.Bytes > 0 {
 		if err := mem.Share(c.cache.Bytes); err != nil { // the cache keeps its memory within its share
 			return err
 		}
-		if shared, err = openCluster(c, st, tel, tokens, certs, log); err != nil {
+		shared, err := openCluster(background, c, st, tel, tokens, certs, log)
+		if err != nil {
 			return err
 		}
-		st = shared.Cache
+		running.Go(func() { shared.discovery.Run(background) })
+		st, peers, peerTokens = shared.cache, shared.handler, shared.peerTokens
 		c.planner.Align = c.cache.ChunkBytes
 	}
 	executorConfig := c.executor
@@ -261,7 +270,8 @@ func serve(args []string, stderr io.Writer) error {
 		Tracer:     tel.Tracer,
 		Meter:      tel.Meter,
 		Metrics:    tel.Metrics,
-		Cluster:    shared,
+		Cluster:    peers,
+		PeerTokens: peerTokens,
 		StoreGrace: c.storeGrace,
 	})
 	ln, err := net.Listen("tcp", c.addr)

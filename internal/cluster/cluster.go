@@ -3,6 +3,12 @@
 // consistent-hash ring of the replicas, so only the owner reads it from storage — once, however
 // many replicas ask — and the others get it from the owner.
 //
+// Both halves of the peer protocol live here, as groupcache keeps its HTTPPool's ServeHTTP beside
+// its getter: Store fetches chunks from their owners, Handler answers the peer route from this
+// replica's cache and warms chunks on their owners for prefetches, so a change to the protocol is
+// made in one package. internal/server only mounts Handler behind the peers' secret and writes its
+// errors as problems. Discovery keeps a Store's peers current, run by serve's lifecycle.
+//
 // # The engine: github.com/golang/groupcache
 //
 // The engine is an existing one, weighed against what shardsrv needs: a byte-bounded
@@ -26,7 +32,7 @@
 //
 //   - One LRU per replica, internal/cache's, above this store: the group caches nothing itself
 //     (cacheBytes 0). An owner keeps its chunks in its chunk cache, bounded in bytes with reference
-//     counts, and the peer route (internal/server) reads them through it, so a chunk is held once
+//     counts, and the peer route (Handler) reads them through it, so a chunk is held once
 //     per replica and concurrent asks for it share the cache's one fill.
 //   - The transport: a PeerPicker over the ring whose peers are set at run time (SetPeers; the
 //     --peers-dns watch) and which leaves a peer that failed to answer out for DownFor, telling
@@ -42,7 +48,7 @@
 // Versions hold: a chunk is named by key, version and range, and its owner reads it with that
 // version (If-Match on object stores), so a peer answers with the bytes of the version asked or an
 // error, never another version's bytes. A chunk a peer asks for is read here from storage, never
-// sent on (FromPeer), and a replica refuses chunks it does not own (Owns) or waits for a peer in
+// sent on (forPeer), and a replica refuses chunks it does not own (Owns) or waits for a peer in
 // its ring to give (Waits). A fill waits for one stripe's owner only (Split), and a wait for a
 // peer ends the moment that peer is found down or leaves the peers. So replicas that disagree
 // about the ring for a moment cost a read, never a loop or two fills waiting for each other, and
@@ -535,7 +541,7 @@ func (s *Store) load(ctx context.Context, key string, dest groupcache.Sink) erro
 }
 
 // readStorage reads from the store below, counting what it read, also into the context's fill
-// counter (CountFills).
+// counter (countFills).
 func (s *Store) readStorage(ctx context.Context, key, version string, p []byte, off int64) error {
 	if err := s.inner.ReadAt(ctx, key, version, p, off); err != nil {
 		return err
@@ -598,8 +604,8 @@ func (s *Store) Stats() Stats {
 
 type fromPeerKey struct{}
 
-// FromPeer marks a read a peer asked for: it is read from storage here, never sent on.
-func FromPeer(ctx context.Context) context.Context {
+// forPeer marks a read a peer asked for: it is read from storage here, never sent on.
+func forPeer(ctx context.Context) context.Context {
 	return context.WithValue(ctx, fromPeerKey{}, true)
 }
 
@@ -607,9 +613,9 @@ func fromPeer(ctx context.Context) bool { return ctx.Value(fromPeerKey{}) != nil
 
 type fillsKey struct{}
 
-// CountFills returns a context under which the bytes a Store reads from storage are added to n:
+// countFills returns a context under which the bytes a Store reads from storage are added to n:
 // what a prefetch filled, as opposed to found cached or already on its way. The cache's fills keep
 // their caller's context values, so the count reaches through it.
-func CountFills(ctx context.Context, n *atomic.Int64) context.Context {
+func countFills(ctx context.Context, n *atomic.Int64) context.Context {
 	return context.WithValue(ctx, fillsKey{}, n)
 }

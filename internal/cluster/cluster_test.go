@@ -6,9 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,11 +22,12 @@ const (
 )
 
 // replica is one server's store stack — chunk cache over the cluster store over the shared
-// storage — and a peer route like internal/server's: the token, the chunk read through the cache
-// as a peer's, or warmed.
+// storage — and its peer route as internal/server mounts it: the token checked, then
+// cluster.Handler, its errors written as statuses.
 type replica struct {
 	cl   *cluster.Store
 	top  *cache.Store
+	h    *cluster.Handler
 	srv  *httptest.Server
 	hold chan struct{} // when not nil, the peer route waits on it: a stalled peer
 }
@@ -48,6 +47,7 @@ func newReplica(t *testing.T, storage store.Store, timeout time.Duration) *repli
 	if r.top, err = cache.New(r.cl, 64<<20, chunk); err != nil {
 		t.Fatal(err)
 	}
+	r.h = cluster.NewHandler(r.cl, r.top)
 	return r
 }
 
@@ -63,29 +63,19 @@ func (r *replica) serve(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "no", http.StatusUnauthorized)
 		return
 	}
-	c, warm, err := cluster.ParseQuery(req.URL.Query(), cache.MaxRunBytes)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	var filled atomic.Int64
-	ctx := cluster.CountFills(cluster.FromPeer(req.Context()), &filled)
-	buf := make([]byte, c.Length)
-	if err := r.top.ReadAt(ctx, c.Key, c.Version, buf, c.Offset); err != nil {
+	if err := r.h.ServeChunk(w, req, 0); err != nil {
+		var qerr *cluster.QueryError
 		status := http.StatusBadGateway
-		if errors.Is(err, store.ErrChanged) {
+		switch {
+		case errors.As(err, &qerr):
+			status = http.StatusBadRequest
+		case errors.Is(err, cluster.ErrNotOwner):
+			status = http.StatusMisdirectedRequest
+		case errors.Is(err, store.ErrChanged):
 			status = http.StatusConflict
 		}
 		http.Error(w, err.Error(), status)
-		return
 	}
-	if warm {
-		w.Header().Set(cluster.FilledHeader, strconv.FormatInt(filled.Load(), 10))
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
-	w.Header().Set("Content-Length", strconv.Itoa(len(buf)))
-	w.Write(buf)
 }
 
 // cluster starts n replicas over one counting local store holding data as "m/f".
@@ -262,8 +252,12 @@ func TestWarmFillsTheOwnerOnce(t *testing.T) {
 	data := pattern(4 * chunk)
 	rs, counting, _ := newCluster(t, 2, 5*time.Second, data)
 	c := cluster.Chunk{Key: "m/f", Version: version(t, rs[0].top), Offset: chunk, Length: chunk}
+	asker, owner := rs[0], rs[1] // the owner is asked: another replica would refuse the chunk
+	if _, self := rs[0].cl.Owner(c); self {
+		asker, owner = rs[1], rs[0]
+	}
 	for _, want := range []int64{chunk, 0} {
-		filled, err := rs[0].cl.Warm(context.Background(), rs[1].srv.URL, c)
+		filled, err := asker.cl.Warm(context.Background(), owner.srv.URL, c)
 		if err != nil || filled != want {
 			t.Errorf("Warm = %d, %v; want %d", filled, err, want)
 		}
@@ -272,7 +266,7 @@ func TestWarmFillsTheOwnerOnce(t *testing.T) {
 		t.Errorf("storage read %d bytes for one chunk warmed twice", counting.Bytes())
 	}
 	c.Version = "other"
-	if _, err := rs[0].cl.Warm(context.Background(), rs[1].srv.URL, c); err == nil {
+	if _, err := asker.cl.Warm(context.Background(), owner.srv.URL, c); err == nil {
 		t.Error("a chunk of a version the file does not have was warmed")
 	}
 }

@@ -99,34 +99,52 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Discover sets s's peers: --peers once, or the addresses --peers-dns resolves to, again every
-// DNSRefresh until ctx ends. A lookup that fails keeps the peers found before.
-func (c *Config) Discover(ctx context.Context, s *Store, log *slog.Logger) {
+// Discover sets s's peers now — --peers, or the addresses --peers-dns resolves to — and returns
+// what keeps them current: its owner runs it for as long as the replica serves.
+func (c *Config) Discover(ctx context.Context, s *Store, log *slog.Logger) *Discovery {
+	d := &Discovery{c: c, s: s, log: log}
 	if c.PeersDNS == "" {
 		s.SetPeers(c.Peers)
+	} else {
+		d.resolve(ctx)
+	}
+	return d
+}
+
+// Discovery keeps a Store's peers as --peers-dns names them.
+type Discovery struct {
+	c   *Config
+	s   *Store
+	log *slog.Logger
+}
+
+// Run resolves --peers-dns again every DNSRefresh until ctx ends, then returns; with --peers,
+// whose list never changes, it returns at once. A lookup that fails keeps the peers found before.
+func (d *Discovery) Run(ctx context.Context) {
+	if d.c.PeersDNS == "" {
 		return
 	}
-	resolve := func() {
-		peers, err := c.resolve(ctx)
-		if err != nil {
-			log.Warn("cluster peers: the lookup failed; the peers found before stay", "name", c.PeersDNS, "err", err)
+	t := time.NewTicker(d.c.DNSRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
 			return
+		case <-t.C:
+			d.resolve(ctx)
 		}
-		s.SetPeers(peers)
 	}
-	resolve()
-	go func() {
-		t := time.NewTicker(c.DNSRefresh)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				resolve()
-			}
+}
+
+func (d *Discovery) resolve(ctx context.Context) {
+	peers, err := d.c.resolve(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("cluster peers: the lookup failed; the peers found before stay", "name", d.c.PeersDNS, "err", err)
 		}
-	}()
+		return
+	}
+	d.s.SetPeers(peers)
 }
 
 // resolve returns the peers PeersDNS names: --advertise's scheme and port at each address.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -71,7 +72,8 @@ func TestDiscoverFollowsTheName(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c.Discover(ctx, s, slog.New(slog.DiscardHandler))
+	d := c.Discover(ctx, s, slog.New(slog.DiscardHandler))
+	go d.Run(ctx)
 	if got := s.Peers(); !slices.Equal(got, []string{"http://10.0.0.1:8080", "http://10.0.0.2:8080"}) {
 		t.Errorf("peers %v", got)
 	}
@@ -84,5 +86,42 @@ func TestDiscoverFollowsTheName(t *testing.T) {
 			t.Fatalf("peers %v after the name changed, want %v", s.Peers(), want)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Discovery is owned: Run returns once its context ends, and with --peers at once, the peers set.
+func TestDiscoveryStopsWithItsContext(t *testing.T) {
+	c, err := parseConfig(t, "--peers-dns", "shardsrv-peers", "--advertise", "http://10.0.0.1:8080",
+		"--peer-token-file", "f", "--peers-dns-refresh", "1ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lookups atomic.Int64
+	c.lookup = func(context.Context, string) ([]string, error) {
+		lookups.Add(1)
+		return []string{"10.0.0.1"}, nil
+	}
+	s, err := New(nil, Options{Self: c.Advertise, ChunkBytes: 1 << 20, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d := c.Discover(ctx, s, slog.New(slog.DiscardHandler))
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	for lookups.Load() < 3 { // Run is resolving again
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+
+	c, err = parseConfig(t, "--peers", "http://10.0.0.1:8080,http://10.0.0.2:8080", "--advertise",
+		"http://10.0.0.1:8080", "--peer-token-file", "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Discover(context.Background(), s, slog.New(slog.DiscardHandler)).Run(context.Background())
+	if got := s.Peers(); !slices.Equal(got, []string{"http://10.0.0.1:8080", "http://10.0.0.2:8080"}) {
+		t.Errorf("peers %v", got)
 	}
 }

@@ -18,10 +18,10 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
-// PeerPath is the route a replica serves chunks to its peers on (internal/server mounts it): GET
-// with the chunk in the query (Chunk.Query) and the shared secret as a bearer token. It answers
-// 200 with exactly the chunk's bytes, or for a warm request 204 once the chunk is in the cache,
-// with FilledHeader.
+// PeerPath is the route a replica serves chunks to its peers on (Handler, which internal/server
+// mounts): GET with the chunk in the query (Chunk.Query) and the shared secret as a bearer token.
+// It answers 200 with exactly the chunk's bytes, or for a warm request 204 once the chunk is in
+// the cache, with FilledHeader.
 const PeerPath = "/internal/cluster/v1/chunk"
 
 // FilledHeader carries, on a warm answer, the bytes the owner read from storage for it.

@@ -125,13 +125,14 @@ func (c *s3Cluster) add() *replica {
 	opts.Align = c.chunk
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: 5 * time.Second})
 	srv := server.New(server.Config{
-		Catalog:  checkpoint.New(cached),
-		Executor: executor.New(cached, mem, executor.Config{Window: 4, MaxRead: opts.MaxRead}),
-		Budget:   mem,
-		Planner:  opts,
-		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
-		Tokens:   c.clientTok,
-		Cluster:  &server.Cluster{Cache: cached, ChunkBytes: c.chunk, Ring: r.ring, PeerTokens: peerTokens},
+		Catalog:    checkpoint.New(cached),
+		Executor:   executor.New(cached, mem, executor.Config{Window: 4, MaxRead: opts.MaxRead}),
+		Budget:     mem,
+		Planner:    opts,
+		Limits:     server.Limits{MaxBodyBytes: 1 << 20},
+		Tokens:     c.clientTok,
+		Cluster:    cluster.NewHandler(r.ring, cached),
+		PeerTokens: peerTokens,
 	})
 	r.srv.Config.Handler = srv.Handler()
 	r.srv.Start()

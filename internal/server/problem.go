@@ -10,6 +10,7 @@ import (
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/cluster"
 	"github.com/shardsrv/shardsrv/internal/engine"
 	"github.com/shardsrv/shardsrv/internal/jsonbody"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -118,7 +119,12 @@ func toProblem(err error) *Problem {
 	var lerr *engine.Error
 	var berr *jsonbody.Error
 	var rerr *resolve.Error
+	var qerr *cluster.QueryError
 	switch {
+	case errors.As(err, &qerr):
+		return newProblem("invalid-parameter", qerr.Error())
+	case errors.Is(err, cluster.ErrNotOwner):
+		return newProblem("not-owner", err.Error())
 	case errors.As(err, &berr):
 		var fields []api.FieldError
 		if berr.Pointer != "" {

@@ -34,6 +34,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/cluster"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/jsonbody"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -57,8 +58,11 @@ type Config struct {
 	Tracer  trace.TracerProvider
 	Meter   metric.MeterProvider
 	Metrics http.Handler
-	// Cluster, when set, is the chunk cache /v1/prefetch warms and the peer route serves (cluster.go).
-	Cluster *Cluster
+	// Cluster, when set, serves the chunk cache the replicas share: /v1/prefetch warms it, and
+	// with PeerTokens the peer route serves it (cluster.go).
+	Cluster *cluster.Handler
+	// PeerTokens admit peers to the peer route, which is not served without them.
+	PeerTokens *Tokens
 	// StoreGrace is how long the store may be unreachable before /readyz says not ready (zero: at
 	// once); with a cache it never does (readiness.go).
 	StoreGrace time.Duration
