@@ -71,7 +71,7 @@ func clientFixture(t *testing.T) *fixture {
 		Limits: server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(
 			st, mem,
-			executor.Config{Window: 1, MaxRead: 1 << 20},
+			executor.Config{Window: 1},
 		),
 		Budget: mem,
 	})

@@ -45,7 +45,7 @@ func newFixture(t *testing.T) *fixture {
 			Limits: server.Limits{MaxBodyBytes: 1 << 20},
 			Executor: executor.New(
 				st, mem,
-				executor.Config{Window: 2, MaxRead: 1 << 20},
+				executor.Config{Window: 2},
 			),
 			Budget: mem,
 		},

@@ -127,7 +127,7 @@ func executorKernels(r *report, copyTime time.Duration, copied int64) {
 	ck, err := checkpoint.New(local).Open(context.Background(), "k")
 	must(err)
 	mem := budget.New(budget.Config{Bytes: budget.DefaultBytes, AdmitWait: time.Second})
-	ex := executor.New(local, mem, executor.Config{Window: executor.DefaultWindow, MaxRead: 16 << 20})
+	ex := executor.New(local, mem, executor.Config{Window: executor.DefaultWindow})
 	through := func(req api.ShardRequest) []time.Duration {
 		plan, err := planner.New(&req, ck, planner.DefaultOptions())
 		must(err)

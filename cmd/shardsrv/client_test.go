@@ -46,7 +46,7 @@ func liveWrapped(t *testing.T, wrap func(http.Handler) http.Handler) (url, folde
 			Limits: server.Limits{MaxBodyBytes: 1 << 20},
 			Executor: executor.New(
 				st, mem,
-				executor.Config{Window: 2, MaxRead: 1 << 20},
+				executor.Config{Window: 2},
 			),
 			Budget: mem,
 		},

@@ -38,7 +38,7 @@ func TestPrefetchCommand(t *testing.T) {
 	mem := budget.New(budget.Config{Bytes: 1 << 26})
 	srv := server.New(server.Config{Catalog: checkpoint.New(cached), Planner: opts,
 		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
-		Executor: executor.New(cached, mem, executor.Config{Window: 2, MaxRead: 1 << 20}),
+		Executor: executor.New(cached, mem, executor.Config{Window: 2}),
 		Budget:   mem,
 		Cluster:  cluster.NewHandler(ring, cached)})
 	ts := httptest.NewServer(srv.Handler())

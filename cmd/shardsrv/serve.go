@@ -249,7 +249,6 @@ func serve(args []string, stderr io.Writer) error {
 		c.planner.Align = c.cache.ChunkBytes
 	}
 	executorConfig := c.executor
-	executorConfig.MaxRead = c.planner.MaxRead
 	executorConfig.Tracer = tel.Tracer.Tracer("shardsrv/executor")
 	exec := executor.New(st, mem, executorConfig)
 	catalog := checkpoint.New(st)

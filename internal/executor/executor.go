@@ -25,7 +25,6 @@ import (
 	"io"
 	"math/bits"
 	"slices"
-	"sort"
 	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -46,8 +45,7 @@ type Executor struct {
 	store     store.Store
 	sectioner store.Sectioner // the store, when it can write ranges out itself
 	// window is how many segments of one stream are in flight or waiting to be written.
-	window  int
-	maxRead int64
+	window int
 	// streamBytes is the most memory one stream holds.
 	streamBytes int64
 	socketBytes int64
@@ -64,8 +62,6 @@ type Config struct {
 	// StreamBytes is the most memory one stream's segments hold at once (0: DefaultStreamBytes);
 	// a segment bigger than it runs alone.
 	StreamBytes int64
-	// MaxRead splits longer reads into parallel requests.
-	MaxRead int64
 	// SocketBytes is the most of a body the kernel may hold between a socket write and the
 	// client's read (0: this host's TCP buffer maxima); that much of a body's end is not sent
 	// from files.
@@ -86,8 +82,8 @@ const (
 	DefaultStreamBytes = 16 << 20
 )
 
-// RegisterFlags registers the executor's tunables on fs, with their defaults; the read size comes
-// from the planner's flags, the memory budget from internal/budget's.
+// RegisterFlags registers the executor's tunables on fs, with their defaults. The read size is the
+// planner's (a plan's reads come cut to it), the memory budget internal/budget's.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.StreamBytes = DefaultStreamBytes
 	fs.Var(bytesize.Value{P: &c.StreamBytes}, "stream-bytes",
@@ -124,7 +120,6 @@ func New(s store.Store, mem *budget.Budget, cfg Config) *Executor {
 		store:       s,
 		sectioner:   sc,
 		window:      max(1, cfg.Window),
-		maxRead:     cfg.MaxRead,
 		streamBytes: cfg.StreamBytes,
 		socketBytes: cfg.SocketBytes,
 		sendfile:    !cfg.NoSendfile,
@@ -528,37 +523,30 @@ func discard(r result) {
 	}
 }
 
-// gather fills one segment's buffer: fill value, direct reads into place, span reads, then the
-// kernels.
+// gather fills one segment's buffer: fill value, direct reads into place, span reads into the
+// gather buffer, then the kernels. Every read is one request: the plan cut them to the store's
+// read size.
 func (e *Executor) gather(ctx context.Context, seg *planner.Segment) (*[]byte, error) {
 	buf := getBuf(seg.Bytes)
 	out := (*buf)[:seg.Bytes]
 	if seg.Fill != nil {
 		tensor.Fill(out, seg.Fill)
 	}
-	spans := make([]span, len(seg.Spans))
-	defer func() {
-		for _, sp := range spans {
-			if sp.buf != nil {
-				putBuf(sp.buf)
-			}
-		}
-	}()
-	g, gctx := errgroup.WithContext(ctx)
-	for _, r := range seg.Direct {
-		for _, part := range planner.SplitReads(r, e.maxRead) {
-			g.Go(func() error {
-				return e.store.ReadAt(gctx, part.Key, part.Version, out[part.Dst:part.Dst+part.Length], part.Offset)
-			})
-		}
+	var spans []byte
+	if n := len(seg.Spans); n > 0 {
+		last := seg.Spans[n-1]
+		pooled := getBuf(last.Dst + last.Length)
+		defer putBuf(pooled)
+		spans = (*pooled)[:last.Dst+last.Length]
 	}
-	for i, r := range seg.Spans {
-		spans[i] = span{Read: r, buf: getBuf(r.Length)}
-		data := (*spans[i].buf)[:r.Length]
-		for _, part := range planner.SplitReads(r, e.maxRead) {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, list := range []struct {
+		reads []planner.Read
+		into  []byte
+	}{{seg.Direct, out}, {seg.Spans, spans}} {
+		for _, r := range list.reads {
 			g.Go(func() error {
-				lo := part.Offset - r.Offset
-				return e.store.ReadAt(gctx, part.Key, part.Version, data[lo:lo+part.Length], part.Offset)
+				return e.store.ReadAt(gctx, r.Key, r.Version, list.into[r.Dst:r.Dst+r.Length], r.Offset)
 			})
 		}
 	}
@@ -571,7 +559,7 @@ func (e *Executor) gather(ctx context.Context, seg *planner.Segment) (*[]byte, e
 			attribute.Int64("bytes", seg.Bytes)))
 		defer span.End()
 	}
-	files := func(key string) tensor.Source { return spanSource{spans: spans, key: key} }
+	files := planner.SpanFiles(seg, spans)
 	for _, k := range seg.Kernels {
 		if err := k.Run(out, files); err != nil {
 			putBuf(buf)
@@ -579,32 +567,6 @@ func (e *Executor) gather(ctx context.Context, seg *planner.Segment) (*[]byte, e
 		}
 	}
 	return buf, nil
-}
-
-type span struct {
-	planner.Read
-	buf *[]byte
-}
-
-// spanSource finds a file's bytes among a segment's span buffers, which are sorted by key and offset.
-type spanSource struct {
-	spans []span
-	key   string
-}
-
-func (s spanSource) Slice(off, n int64) []byte {
-	i := sort.Search(len(s.spans), func(i int) bool {
-		sp := s.spans[i]
-		return sp.Key > s.key || sp.Key == s.key && sp.Offset+sp.Length > off
-	})
-	if i == len(s.spans) {
-		return nil
-	}
-	sp := s.spans[i]
-	if sp.Key != s.key || off < sp.Offset || off+n > sp.Offset+sp.Length {
-		return nil
-	}
-	return (*sp.buf)[off-sp.Offset : off-sp.Offset+n]
 }
 
 // Buffers come from pools by power-of-two size class, so a stream's steady state allocates nothing.

@@ -449,7 +449,6 @@ func propertyCase(t *testing.T, seed uint64) {
 		Window:      1 + r.IntN(4),
 		StreamBytes: 1 + r.Int64N(4096),
 		SocketBytes: 1 + r.Int64N(64),
-		MaxRead:     opts.MaxRead,
 	}).Stream(context.Background(), plan, r.IntN(2) == 0) // file sections sent, or copied
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,7 +78,7 @@ func TestStreamHoldsAtMostStreamBytes(t *testing.T) {
 	} {
 		mem := budget.New(budget.Config{Bytes: 1 << 30})
 		e := executor.New(c.store, mem,
-			executor.Config{Window: 4, StreamBytes: 2 << 20, MaxRead: 1 << 20, SocketBytes: 512 << 10})
+			executor.Config{Window: 4, StreamBytes: 2 << 20, SocketBytes: 512 << 10})
 		stream, err := e.Stream(context.Background(), plan, c.sendfile)
 		if err != nil {
 			t.Fatal(err)
@@ -102,3 +103,70 @@ type readFromBuffer struct{ b *bytes.Buffer }
 
 func (r readFromBuffer) Write(p []byte) (int, error)           { return r.b.Write(p) }
 func (r readFromBuffer) ReadFrom(src io.Reader) (int64, error) { return r.b.ReadFrom(src) }
+
+// countingStore is a store that records the length of every ReadAt it passes on.
+type countingStore struct {
+	store.Store
+	mu    sync.Mutex
+	reads []int64
+}
+
+func (c *countingStore) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
+	c.mu.Lock()
+	c.reads = append(c.reads, int64(len(p)))
+	c.mu.Unlock()
+	return c.Store.ReadAt(ctx, key, version, p, off)
+}
+
+// The executor has no read size of its own to get wrong (a zero one once split reads forever): it
+// issues the plan's reads as they are, which the planner cut to its MaxRead.
+func TestReadsAreThePlans(t *testing.T) {
+	local, _, data := copyPlan(t, 1<<20)
+	ck, err := checkpoint.New(local).Open(context.Background(), "ck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int64(len(data))
+	blocks := []api.Block{{Offsets: []int64{0}, Lengths: []int64{n / 2}, Source: "w", Base: []int64{0},
+		Coeff: [][]int64{{2}}}} // every other byte: read into a gather buffer
+	req := &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "w", Dtype: api.U8,
+		Shape: []int64{n / 2}, Boxes: []api.Box{{Offsets: []int64{0}, Lengths: []int64{n / 2}}}, Blocks: &blocks}}}
+	for _, direct := range []bool{false, true} {
+		if direct {
+			blocks[0].Lengths, blocks[0].Coeff = []int64{n}, [][]int64{{1}}
+			req.Tensors[0].Shape, req.Tensors[0].Boxes[0].Lengths = []int64{n}, []int64{n}
+		}
+		opts := planner.DefaultOptions()
+		opts.MaxRead = 100 << 10
+		plan, err := planner.New(req, ck, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counted := &countingStore{Store: local} // not a Sectioner: every segment is read
+		stream, err := executor.New(counted, budget.New(budget.Config{Bytes: 1 << 30}), executor.Config{}).Stream(context.Background(), plan, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body bytes.Buffer
+		_, err = stream.WriteTo(&body)
+		stream.Close()
+		want := data
+		if !direct {
+			want = make([]byte, n/2)
+			for i := range want {
+				want[i] = data[2*i]
+			}
+		}
+		if err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], want) {
+			t.Fatalf("direct %v: %v, or other bytes than the file's", direct, err)
+		}
+		if int64(len(counted.reads)) != plan.ReadRequests {
+			t.Errorf("direct %v: %d reads, the plan has %d", direct, len(counted.reads), plan.ReadRequests)
+		}
+		for _, l := range counted.reads {
+			if l > opts.MaxRead {
+				t.Fatalf("direct %v: a read of %d bytes, more than the plan's read size %d", direct, l, opts.MaxRead)
+			}
+		}
+	}
+}

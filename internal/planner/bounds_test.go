@@ -54,30 +54,68 @@ func oneBlock(name string, shape []int64, block api.Block) *api.ShardRequest {
 // disjoint per file, as the executor's span lookup assumes.
 func checkBounds(t *testing.T, p *Plan, opts Options) {
 	t.Helper()
-	r := opts.withDefaults().MaxOverread
+	opts = opts.withDefaults()
+	r := opts.MaxOverread
+	var requests int64
 	for _, it := range p.Items {
 		for _, seg := range it.Segments {
-			for _, list := range [][]Read{seg.Direct, seg.Spans} {
-				for _, rd := range list {
-					if rd.Needed > rd.Length || rd.Needed <= 0 || rd.Length > r*rd.Needed {
-						t.Fatalf("read %+v: more than %d times the %d bytes it needs", rd, r, rd.Needed)
-					}
+			requests += int64(len(seg.Direct) + len(seg.Spans))
+			// Parts of one span, cut to the read size, may need none of their bytes; the span
+			// (its run of parts) is held to the bound.
+			var span Read
+			for i, rd := range seg.Spans {
+				if rd.Length > opts.MaxRead || rd.Length <= 0 {
+					t.Fatalf("read %+v: longer than the read size %d, or empty", rd, opts.MaxRead)
+				}
+				if i == 0 && rd.Dst != 0 {
+					t.Fatalf("the first span lands at %d of the gather buffer, not at 0", rd.Dst)
+				}
+				if i == 0 {
+					span = rd
+					continue
+				}
+				last := seg.Spans[i-1]
+				if last.Dst+last.Length != rd.Dst {
+					t.Fatalf("span read %+v does not land right after %+v", rd, last)
+				}
+				switch {
+				case last.Key == rd.Key && last.Offset+last.Length == rd.Offset: // the next part of a span
+					span.Length += rd.Length
+					span.Needed += rd.Needed
+				case last.Key > rd.Key || last.Key == rd.Key && last.Offset+last.Length > rd.Offset:
+					t.Fatalf("spans %+v and %+v are out of order or overlap", last, rd)
+				default:
+					checkAmplification(t, span, r)
+					span = rd
 				}
 			}
-			for i := 1; i < len(seg.Spans); i++ {
-				a, b := seg.Spans[i-1], seg.Spans[i]
-				if a.Key > b.Key || a.Key == b.Key && a.Offset+a.Length >= b.Offset {
-					t.Fatalf("spans %+v and %+v are out of order or touch", a, b)
+			if len(seg.Spans) > 0 {
+				checkAmplification(t, span, r)
+			}
+			for _, rd := range seg.Direct {
+				if rd.Length > opts.MaxRead {
+					t.Fatalf("read %+v: longer than the read size %d", rd, opts.MaxRead)
 				}
+				checkAmplification(t, rd, r)
 			}
 		}
+	}
+	if requests != p.ReadRequests {
+		t.Fatalf("the plan counts %d read requests and holds %d reads", p.ReadRequests, requests)
 	}
 	if p.ReadBytes > r*p.NeededBytes {
 		t.Fatalf("the plan reads %d bytes, more than %d times the %d it needs", p.ReadBytes, r, p.NeededBytes)
 	}
 }
 
-// Issue 15, item 1: a full transpose of a 256 MiB BF16 tensor planned 4.39 TB of reads (runs 32 KiB
+func checkAmplification(t *testing.T, rd Read, r int64) {
+	t.Helper()
+	if rd.Needed > rd.Length || rd.Needed <= 0 || rd.Length > r*rd.Needed {
+		t.Fatalf("read %+v: more than %d times the %d bytes it needs", rd, r, rd.Needed)
+	}
+}
+
+// A full transpose of a 256 MiB BF16 tensor planned 4.39 TB of reads (runs 32 KiB
 // apart merged across the 64 KiB gap, again in every segment). With the local store's options
 // (DefaultOptions, which cmd/shardsrv gives a directory) and with S3's, it reads its bytes once.
 func TestTransposeReadsItsBytesOnce(t *testing.T) {
@@ -600,37 +638,22 @@ func execute(t *testing.T, p *Plan, file []byte) []byte {
 			for _, r := range seg.Direct {
 				copy(out[r.Dst:r.Dst+r.Length], file[r.Offset:r.Offset+r.Length])
 			}
-			src := func(key string) tensor.Source { return spanSet{spans: seg.Spans, key: key, file: file} }
+			var gathered []byte
+			if n := len(seg.Spans); n > 0 {
+				gathered = make([]byte, seg.Spans[n-1].Dst+seg.Spans[n-1].Length)
+			}
+			for _, r := range seg.Spans {
+				copy(gathered[r.Dst:r.Dst+r.Length], file[r.Offset:r.Offset+r.Length])
+			}
+			files := SpanFiles(&seg, gathered)
 			for _, k := range seg.Kernels {
-				if err := k.Run(out, src); err != nil {
+				if err := k.Run(out, files); err != nil {
 					t.Fatalf("%v: %v", k, err)
 				}
 			}
 		}
 	}
 	return body
-}
-
-// spanSet is the executor's span lookup: binary search over reads sorted by file and offset.
-type spanSet struct {
-	spans []Read
-	key   string
-	file  []byte
-}
-
-func (s spanSet) Slice(off, n int64) []byte {
-	i := sort.Search(len(s.spans), func(i int) bool {
-		sp := s.spans[i]
-		return sp.Key > s.key || sp.Key == s.key && sp.Offset+sp.Length > off
-	})
-	if i == len(s.spans) {
-		return nil
-	}
-	sp := s.spans[i]
-	if sp.Key != s.key || off < sp.Offset || off+n > sp.Offset+sp.Length {
-		return nil
-	}
-	return s.file[off : off+n]
 }
 
 // checkValues executes a plan over made-up file bytes and compares every element of every box

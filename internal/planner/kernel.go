@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"sort"
 
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/tensor"
@@ -91,4 +92,43 @@ func (c *stridedCopy) base() int64 {
 		return 2 * c.source.Begin
 	}
 	return c.source.Begin
+}
+
+// SpanFiles is how the kernels of seg find their source bytes in buf, its gather buffer once every
+// read of seg.Spans has landed there.
+func SpanFiles(seg *Segment, buf []byte) Files {
+	return func(key string) tensor.Source { return spanSource{reads: seg.Spans, buf: buf, key: key} }
+}
+
+// spanSource finds a file's bytes among a segment's span reads, sorted by file and offset.
+type spanSource struct {
+	reads []Read
+	buf   []byte
+	key   string
+}
+
+func (s spanSource) Slice(off, n int64) []byte {
+	i := sort.Search(len(s.reads), func(i int) bool {
+		r := &s.reads[i]
+		return r.Key > s.key || r.Key == s.key && r.Offset+r.Length > off
+	})
+	if i == len(s.reads) || s.reads[i].Key != s.key || off < s.reads[i].Offset {
+		return nil
+	}
+	first := &s.reads[i]
+	at := first.Dst + off - first.Offset
+	// The bytes lie in buf as one run as far as the reads after the first continue it in the file
+	// and in buf (the parts of one span).
+	end := first.Offset + first.Length
+	for j := i + 1; end < off+n && j < len(s.reads); j++ {
+		r := &s.reads[j]
+		if r.Key != s.key || r.Offset != end || r.Dst != first.Dst+end-first.Offset {
+			break
+		}
+		end += r.Length
+	}
+	if off+n > end {
+		return nil
+	}
+	return s.buf[at : at+n]
 }

@@ -37,7 +37,8 @@ type Options struct {
 	// MaxGap is what one more read request costs, in bytes: two byte runs closer than this are read
 	// as one, gap included.
 	MaxGap int64
-	// MaxRead splits longer reads into parallel requests.
+	// MaxRead is the store's read size: the plan cuts longer reads into requests of at most this
+	// many bytes, which the executor issues in parallel as they are.
 	MaxRead int64
 	// MaxReads refuses (422) a plan with more reads, segments or copies (block overlaps) than
 	// this (0: DefaultMaxReads). Each is counted before it is allocated.
@@ -217,7 +218,9 @@ type Segment struct {
 	Fill []byte
 	// Direct reads land straight in the segment buffer at Dst.
 	Direct []Read
-	// Spans are read into buffers the kernels read from.
+	// Spans are read into the segment's gather buffer at Dst, which the kernels read from
+	// (SpanFiles): byte ranges of files sorted by file and offset, laid out one after another,
+	// a range longer than the store's read size cut into reads that follow on in file and buffer.
 	Spans []Read
 	// Kernels write the rest of the segment from the spans, in order: strided copies of block
 	// overlaps, or the one box of a completion.
@@ -230,7 +233,7 @@ type Read struct {
 	Version string
 	Offset  int64
 	Length  int64
-	Dst     int64 // offset in the segment buffer, for direct reads
+	Dst     int64 // offset in the buffer it lands in: the segment's (direct reads) or its gather buffer
 	// Needed is how many of the bytes the plan uses; the rest are gaps read to save requests.
 	Needed int64
 }

@@ -81,13 +81,14 @@ func checkInvariants(t *testing.T, p *Plan, ck *checkpoint.Checkpoint) {
 					t.Fatalf("direct read %+v lands outside its segment of %d bytes", r, seg.Bytes)
 				}
 			}
-			var src multi
-			for _, r := range seg.Spans {
-				src = append(src, tensor.BytesSource{Off: r.Offset, Data: make([]byte, r.Length)})
+			var gathered int64
+			if n := len(seg.Spans); n > 0 {
+				gathered = seg.Spans[n-1].Dst + seg.Spans[n-1].Length
 			}
+			files := SpanFiles(&seg, make([]byte, gathered))
 			out := make([]byte, seg.Bytes)
 			for _, k := range seg.Kernels {
-				if err := k.Run(out, func(string) tensor.Source { return src }); err != nil {
+				if err := k.Run(out, files); err != nil {
 					t.Fatalf("%v: %v", k, err)
 				}
 			}
@@ -116,17 +117,6 @@ func checkInvariantsFor(t *testing.T, p *Plan) {
 	if pos != p.BodyBytes {
 		t.Fatalf("segments end at %d, body %d", pos, p.BodyBytes)
 	}
-}
-
-type multi []tensor.BytesSource
-
-func (m multi) Slice(off, n int64) []byte {
-	for _, s := range m {
-		if b := s.Slice(off, n); b != nil {
-			return b
-		}
-	}
-	return nil
 }
 
 var fuzzSeeds = []string{
@@ -325,9 +315,11 @@ func TestCoalesce(t *testing.T) {
 	if len(got) != 4 {
 		t.Errorf("coalesce with an over-read cap = %+v", got)
 	}
-	parts := SplitReads(Read{Offset: 10, Length: 25, Dst: 3}, 10)
-	if len(parts) != 3 || parts[2] != (Read{Offset: 30, Length: 5, Dst: 23}) {
-		t.Errorf("SplitReads = %+v", parts)
+	parts := splitRead(nil, Read{Offset: 10, Length: 25, Dst: 3, Needed: 15}, 10)
+	want = []Read{{Offset: 10, Length: 10, Dst: 3, Needed: 10}, {Offset: 20, Length: 10, Dst: 13, Needed: 5},
+		{Offset: 30, Length: 5, Dst: 23}}
+	if !slices.Equal(parts, want) {
+		t.Errorf("splitRead = %+v", parts)
 	}
 }
 

@@ -162,10 +162,10 @@ func (s *segmenter) emit(spec *tensorSpec, it *Item, off, lens []int64, out int6
 	}
 	p := s.plan
 	p.NeededBytes += needed
+	p.ReadRequests += int64(len(seg.Direct) + len(seg.Spans))
 	for _, list := range [][]Read{seg.Direct, seg.Spans} {
 		for _, r := range list {
 			p.ReadBytes += r.Length
-			p.ReadRequests += (r.Length + s.opts.MaxRead - 1) / s.opts.MaxRead
 		}
 	}
 	if p.ReadRequests > s.opts.MaxReads {
@@ -302,7 +302,7 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 		seg.Fill = spec.fill
 	}
 	if spans = coalesce(spans, s.opts); len(spans) > 0 {
-		seg.Spans = slices.Clone(spans)
+		seg.Spans = s.layOut(spans)
 	}
 	return seg, needed, work, nil
 }
@@ -327,11 +327,16 @@ func (s *segmenter) plan1(b *blockSpec, layout tensor.Strided, src, dst int64, s
 		if err != nil {
 			return err
 		}
-		s.direct += int64(len(runs))
+		n, ok := tensor.CheckedMul(int64(len(runs)), (run+s.opts.MaxRead-1)/s.opts.MaxRead)
+		if !ok || n > s.opts.MaxReads-s.committed-s.direct {
+			return s.tooMany("reads", s.committed+s.direct+min(n, s.opts.MaxReads), s.opts.MaxReads)
+		}
+		s.direct += n
 		for _, r := range runs {
-			s.directs = append(
+			s.directs = splitRead(
 				s.directs,
 				Read{Key: b.src.Key, Version: b.src.Version, Offset: r[0], Length: run, Dst: r[1], Needed: run},
+				s.opts.MaxRead,
 			)
 		}
 		return nil
@@ -616,14 +621,34 @@ func touched(lengths, src []int64) int64 {
 	return n
 }
 
-// SplitReads cuts a read into requests of at most maxRead bytes.
-func SplitReads(r Read, maxRead int64) []Read {
-	var out []Read
-	for done := int64(0); done < r.Length || len(out) == 0; done += maxRead {
+// layOut places a segment's coalesced spans one after another in its gather buffer (each span's
+// Dst) and cuts each into reads of at most MaxRead bytes, the store's read size.
+func (s *segmenter) layOut(spans []Read) []Read {
+	var n int64
+	for _, r := range spans {
+		n += (r.Length + s.opts.MaxRead - 1) / s.opts.MaxRead
+	}
+	out := make([]Read, 0, n)
+	var at int64
+	for _, r := range spans {
+		r.Dst = at
+		at += r.Length
+		out = splitRead(out, r, s.opts.MaxRead)
+	}
+	return out
+}
+
+// splitRead appends r to out cut into reads of at most size bytes, in order, each landing after
+// the one before (Dst), the bytes it needs counted first come first.
+func splitRead(out []Read, r Read, size int64) []Read {
+	needed := r.Needed
+	for done := int64(0); done < r.Length; done += size {
 		part := r
 		part.Offset += done
 		part.Dst += done
-		part.Length = min(maxRead, r.Length-done)
+		part.Length = min(size, r.Length-done)
+		part.Needed = min(part.Length, needed)
+		needed -= part.Needed
 		out = append(out, part)
 	}
 	return out

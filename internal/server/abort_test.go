@@ -59,7 +59,7 @@ func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest)
 			Catalog: checkpoint.New(st),
 			Executor: executor.New(
 				st, mem,
-				executor.Config{Window: 2, MaxRead: opts.MaxRead},
+				executor.Config{Window: 2},
 			),
 			Budget:  mem,
 			Planner: opts,

@@ -48,7 +48,7 @@ func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, 
 			Catalog: checkpoint.New(c),
 			Executor: executor.New(
 				c, mem,
-				executor.Config{Window: 4, MaxRead: opts.MaxRead},
+				executor.Config{Window: 4},
 			),
 			Budget:  mem,
 			Planner: opts,

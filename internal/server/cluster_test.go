@@ -126,7 +126,7 @@ func (c *s3Cluster) add() *replica {
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: 5 * time.Second})
 	srv := server.New(server.Config{
 		Catalog:    checkpoint.New(cached),
-		Executor:   executor.New(cached, mem, executor.Config{Window: 4, MaxRead: opts.MaxRead}),
+		Executor:   executor.New(cached, mem, executor.Config{Window: 4}),
 		Budget:     mem,
 		Planner:    opts,
 		Limits:     server.Limits{MaxBodyBytes: 1 << 20},

@@ -108,7 +108,7 @@ func faultServer(t *testing.T, cfg s3reader.Config) *faultEnv {
 			Catalog: checkpoint.New(st),
 			Executor: executor.New(
 				st, mem,
-				executor.Config{Window: 1, MaxRead: opts.MaxRead},
+				executor.Config{Window: 1},
 			),
 			Budget:  mem,
 			Planner: opts,
@@ -310,7 +310,7 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 			Catalog: checkpoint.New(st),
 			Executor: executor.New(
 				st, mem,
-				executor.Config{Window: 1, MaxRead: 1 << 20},
+				executor.Config{Window: 1},
 			),
 			Budget:  mem,
 			Planner: planner.DefaultOptions(),

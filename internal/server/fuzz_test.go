@@ -106,7 +106,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 		Catalog: checkpoint.New(st),
 		Executor: executor.New(
 			st, mem,
-			executor.Config{Window: 2, MaxRead: opts.MaxRead},
+			executor.Config{Window: 2},
 		),
 		Budget:  mem,
 		Planner: opts,

@@ -178,7 +178,7 @@ func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(str
 	srv := server.New(server.Config{
 		Catalog: checkpoint.New(st),
 		Executor: executor.New(st, mem,
-			executor.Config{Window: 3, MaxRead: opts.MaxRead}),
+			executor.Config{Window: 3}),
 		Budget:  mem,
 		Planner: opts,
 		Limits:  server.Limits{MaxBodyBytes: 1 << 20},

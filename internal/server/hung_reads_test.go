@@ -29,7 +29,7 @@ func fifoServer(t *testing.T, st store.Store, requestTimeout time.Duration) stri
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
 		Executor: executor.New(
 			st, mem,
-			executor.Config{Window: 2, MaxRead: opts.MaxRead},
+			executor.Config{Window: 2},
 		),
 		Budget: mem,
 		Limits: server.Limits{RequestTimeout: requestTimeout, MaxBodyBytes: 1 << 20}})

@@ -56,7 +56,7 @@ func opsServer(t *testing.T, mutate func(*server.Config, store.Store)) *opsEnv {
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: 100 * time.Millisecond})
 	cfg.Executor = executor.New(
 		st, mem,
-		executor.Config{Window: 2, MaxRead: opts.MaxRead},
+		executor.Config{Window: 2},
 	)
 	cfg.Budget = mem
 	cfg.Catalog = checkpoint.New(st)
@@ -204,7 +204,7 @@ func TestMemoryBudgetShedsLoad(t *testing.T) {
 		mem := budget.New(budget.Config{Bytes: 9 << 20, AdmitWait: 100 * time.Millisecond})
 		c.Executor = executor.New(
 			struct{ store.Store }{st}, mem,
-			executor.Config{Window: 2, MaxRead: 1 << 20},
+			executor.Config{Window: 2},
 		)
 		c.Budget = mem
 	})
@@ -241,7 +241,7 @@ func TestSpansAndMetrics(t *testing.T) {
 		mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 		c.Executor = executor.New(
 			st, mem,
-			executor.Config{Window: 2, MaxRead: 1 << 20, Tracer: tp.Tracer("executor")},
+			executor.Config{Window: 2, Tracer: tp.Tracer("executor")},
 		)
 		c.Budget = mem
 		c.Tracer, c.Meter = tp, mp

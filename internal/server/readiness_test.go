@@ -31,7 +31,7 @@ func TestReadinessSurvivesAStoreOutageShorterThanTheGrace(t *testing.T) {
 	serve := func(grace time.Duration) string {
 		mem := budget.New(budget.Config{Bytes: 1 << 26})
 		srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(),
-			Executor:   executor.New(st, mem, executor.Config{Window: 1, MaxRead: 1 << 20}),
+			Executor:   executor.New(st, mem, executor.Config{Window: 1}),
 			StoreGrace: grace})
 		ts := httptest.NewServer(srv.Handler())
 		t.Cleanup(ts.Close)

@@ -47,7 +47,7 @@ func TestInPlaceRewriteNeverServesTwoVersions(t *testing.T) {
 		Limits: server.Limits{MaxBodyBytes: 1 << 20},
 		Executor: executor.New(
 			st, mem,
-			executor.Config{Window: 2, MaxRead: opts.MaxRead},
+			executor.Config{Window: 2},
 		),
 		Budget: mem,
 	})

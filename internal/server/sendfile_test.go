@@ -42,7 +42,7 @@ func fileServer(t *testing.T, dir string, segBytes, memory, socket int64) (http.
 	opts.MaxPlanBytes = 1 << 20
 	// Plans reserve memory while they are built: let them wait.
 	mem := budget.New(budget.Config{Bytes: memory, AdmitWait: budget.DefaultAdmitWait})
-	ex := executor.New(st, mem, executor.Config{Window: 4, MaxRead: opts.MaxRead, SocketBytes: socket})
+	ex := executor.New(st, mem, executor.Config{Window: 4, SocketBytes: socket})
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: ex, Budget: mem, Planner: opts,
 		Limits: server.Limits{MaxBodyBytes: 1 << 20, WriteTimeout: 10 * time.Second}})
 	return srv.Handler(), mem

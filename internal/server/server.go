@@ -521,14 +521,14 @@ func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer giveBack(cost)
-	writeJSON(w, planResponse(plan, s.cfg.Planner.MaxRead))
+	writeJSON(w, planResponse(plan))
 }
 
 // reportEntryBytes is what one read or piece of a /v1/plan report takes while it is built and
 // encoded: its Go value and about 60 bytes of JSON.
 const reportEntryBytes = 200
 
-func planResponse(p *planner.Plan, maxRead int64) api.PlanResponse {
+func planResponse(p *planner.Plan) api.PlanResponse {
 	resp := api.PlanResponse{
 		Summary: api.PlanSummary{
 			OutputBytes:  p.BodyBytes,
@@ -568,10 +568,7 @@ func planResponse(p *planner.Plan, maxRead int64) api.PlanResponse {
 		for _, seg := range it.Segments {
 			for _, list := range [][]planner.Read{seg.Direct, seg.Spans} {
 				for _, rd := range list {
-					for _, part := range planner.SplitReads(rd, maxRead) {
-						box.Reads = append(box.Reads,
-							api.ReadPlan{File: part.Key, Offset: part.Offset, Length: part.Length})
-					}
+					box.Reads = append(box.Reads, api.ReadPlan{File: rd.Key, Offset: rd.Offset, Length: rd.Length})
 				}
 			}
 		}

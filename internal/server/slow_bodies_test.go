@@ -124,7 +124,7 @@ func TestBodyTimeoutDoesNotCutStreams(t *testing.T) {
 		mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 		c.Executor = executor.New(
 			slowStore{st}, mem,
-			executor.Config{Window: 1, MaxRead: 1 << 20},
+			executor.Config{Window: 1},
 		)
 		c.Budget = mem
 	})
