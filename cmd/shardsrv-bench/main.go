@@ -36,7 +36,7 @@ var (
 	only = flag.String(
 		"only",
 		"",
-		"run only these scenarios (comma-separated: control,kernels,local,s3,gcs,azure,cluster); the report holds just them",
+		"run only these scenarios (comma-separated: control,kernels,transpose,local,s3,gcs,azure,cluster); the report holds just them",
 	)
 )
 
@@ -73,6 +73,9 @@ func main() {
 	}
 	if want("kernels") {
 		kernelScenarios(r)
+	}
+	if want("transpose") {
+		transposeScenario(r, bin)
 	}
 	if want("local") {
 		log.Printf("writing a 2 GiB checkpoint to %s", dir)
