@@ -26,6 +26,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -197,9 +198,18 @@ type part struct {
 // sections then hold no memory; otherwise they are copied through a buffer they are charged for.
 func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (*Stream, error) {
 	var segs []*planner.Segment
+	var rects []*rectangle // the rectangle each segment reads, if its item shares one
 	for i := range p.Items {
+		var r *rectangle
+		if it := &p.Items[i]; it.Rectangle != nil {
+			r = &rectangle{reads: it.Rectangle, ready: make(chan struct{})}
+			r.left.Store(int64(len(it.Segments)))
+			last := it.Rectangle[len(it.Rectangle)-1]
+			r.bytes = min(last.Dst+last.Length, e.memory.Bytes())
+		}
 		for j := range p.Items[i].Segments {
 			segs = append(segs, &p.Items[i].Segments[j])
+			rects = append(rects, r)
 		}
 	}
 	s := &Stream{
@@ -215,7 +225,11 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (
 	var first job
 	if len(segs) > 0 {
 		first = s.job(segs[0])
-		if err := e.memory.Admit(ctx, first.charge.all); err != nil {
+		var held int64
+		if rects[0] != nil {
+			held = rects[0].bytes
+		}
+		if err := e.memory.Admit(ctx, first.charge.all+held); err != nil {
 			return nil, err
 		}
 		s.own.TryAcquire(first.charge.own) // a new stream holds nothing yet
@@ -224,7 +238,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (
 	for i := range s.results {
 		s.results[i] = make(chan result, 1)
 	}
-	go s.produce(segs, first)
+	go s.produce(segs, rects, first)
 	return s, nil
 }
 
@@ -232,6 +246,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (
 // in a buffer; charge is the most memory it takes while it is produced.
 type job struct {
 	seg    *planner.Segment
+	rect   *rectangle // what its kernels read, when its item shares one
 	runs   []planner.Read
 	send   bool // its sections are files the socket may take by sendfile
 	charge charge
@@ -257,7 +272,7 @@ func (s *Stream) job(seg *planner.Segment) job {
 
 // produce starts each segment once it has a window slot and memory. A buffered segment gives
 // back its read buffers' share once it is produced.
-func (s *Stream) produce(segs []*planner.Segment, first job) {
+func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job) {
 	ctx := s.ctx
 	for i, seg := range segs {
 		j := first
@@ -275,15 +290,34 @@ func (s *Stream) produce(segs []*planner.Segment, first job) {
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
+		rect := rects[i]
+		if err == nil && rect != nil && !rect.started {
+			if i > 0 { // the first segment's was admitted with it
+				if err = s.e.memory.Acquire(ctx, rect.bytes); err != nil {
+					s.release(j.charge)
+				}
+			}
+			if err == nil {
+				rect.started = true
+				go s.e.readRectangle(ctx, rect)
+			}
+		}
 		if err != nil {
 			if i == 0 {
 				s.release(first.charge)
+				if rect != nil && !rect.started {
+					s.e.memory.Release(rect.bytes)
+				}
 			}
-			for _, ch := range s.results[i:] {
+			for k, ch := range s.results[i:] {
+				if r := rects[i+k]; r != nil && r.started {
+					go s.e.doneWith(r)
+				}
 				ch <- result{err: err}
 			}
 			return
 		}
+		j.rect = rect
 		go func() {
 			r := s.e.produce(ctx, j)
 			r.send = j.send
@@ -461,7 +495,10 @@ func (e *Executor) produce(ctx context.Context, j job) result {
 	if j.runs != nil {
 		return e.sections(ctx, j.runs)
 	}
-	buf, err := e.gather(ctx, j.seg)
+	if j.rect != nil {
+		defer e.doneWith(j.rect)
+	}
+	buf, err := e.gather(ctx, j.seg, j.rect)
 	if err != nil {
 		return result{err: err}
 	}
@@ -526,7 +563,7 @@ func discard(r result) {
 // gather fills one segment's buffer: fill value, direct reads into place, span reads into the
 // gather buffer, then the kernels. Every read is one request: the plan cut them to the store's
 // read size.
-func (e *Executor) gather(ctx context.Context, seg *planner.Segment) (*[]byte, error) {
+func (e *Executor) gather(ctx context.Context, seg *planner.Segment, rect *rectangle) (*[]byte, error) {
 	buf := getBuf(seg.Bytes)
 	out := (*buf)[:seg.Bytes]
 	if seg.Fill != nil {
@@ -559,7 +596,20 @@ func (e *Executor) gather(ctx context.Context, seg *planner.Segment) (*[]byte, e
 			attribute.Int64("bytes", seg.Bytes)))
 		defer span.End()
 	}
-	files := planner.SpanFiles(seg, spans)
+	files := planner.SpanFiles(seg.Spans, spans)
+	if rect != nil {
+		select {
+		case <-rect.ready:
+		case <-ctx.Done():
+			putBuf(buf)
+			return nil, ctx.Err()
+		}
+		if rect.err != nil {
+			putBuf(buf)
+			return nil, rect.err
+		}
+		files = planner.SpanFiles(rect.reads, (*rect.buf)[:cap(*rect.buf)])
+	}
 	for _, k := range seg.Kernels {
 		if err := k.Run(out, files); err != nil {
 			putBuf(buf)
@@ -567,6 +617,45 @@ func (e *Executor) gather(ctx context.Context, seg *planner.Segment) (*[]byte, e
 		}
 	}
 	return buf, nil
+}
+
+// rectangle is the source bytes an item's segments share (planner.Item.Rectangle): read once, when
+// the first of them starts, into a buffer charged to the whole budget (not to the stream's share,
+// which its segments wait on), and given back when the last is done with it.
+type rectangle struct {
+	reads   []planner.Read
+	bytes   int64 // its charge
+	started bool  // set by the stream's producer only
+	ready   chan struct{}
+	buf     *[]byte
+	err     error
+	left    atomic.Int64 // segments not yet done with it
+}
+
+// readRectangle reads a rectangle's reads in parallel, then marks it ready.
+func (e *Executor) readRectangle(ctx context.Context, r *rectangle) {
+	defer close(r.ready)
+	last := r.reads[len(r.reads)-1]
+	r.buf = getBuf(last.Dst + last.Length)
+	into := (*r.buf)[:last.Dst+last.Length]
+	g, gctx := errgroup.WithContext(ctx)
+	for _, rd := range r.reads {
+		g.Go(func() error {
+			return e.store.ReadAt(gctx, rd.Key, rd.Version, into[rd.Dst:rd.Dst+rd.Length], rd.Offset)
+		})
+	}
+	r.err = g.Wait()
+}
+
+// doneWith marks one of a rectangle's segments done with it; the last gives back its buffer and
+// its memory once its reads have returned.
+func (e *Executor) doneWith(r *rectangle) {
+	if r.left.Add(-1) != 0 {
+		return
+	}
+	<-r.ready
+	putBuf(r.buf)
+	e.memory.Release(r.bytes)
 }
 
 // Buffers come from pools by power-of-two size class, so a stream's steady state allocates nothing.

@@ -170,3 +170,73 @@ func TestReadsAreThePlans(t *testing.T) {
 		}
 	}
 }
+
+// The rule of docs/contract.md for blocks /v1/plan calls direct: a transpose or another
+// permutation reads its source extent (first byte to last) in at most ceil(extent /
+// --segment-read-bytes) requests, whatever the segments, and the body is the brute-force
+// transpose.
+func TestDirectPermutationsReadTheirExtentInFewRequests(t *testing.T) {
+	const rows, cols = 256, 512 // BF16
+	data := make([]byte, 2*rows*cols)
+	for i := range data {
+		data[i] = byte(i*13 + i>>9)
+	}
+	var file bytes.Buffer
+	safetensors.Write(&file, []safetensors.TensorData{{Name: "w", DType: "BF16", Shape: []int64{rows, cols},
+		Data: data}}, nil)
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "ck"), 0o755)
+	os.WriteFile(filepath.Join(dir, "ck", "model.safetensors"), file.Bytes(), 0o644)
+	local, _ := store.NewLocal(dir)
+	defer local.Close()
+	ck, err := checkpoint.New(local).Open(context.Background(), "ck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := ck.Tensors["w"].Begin
+	for _, c := range []struct{ off, lens []int64 }{
+		{[]int64{0, 0}, []int64{cols, rows}},    // the whole tensor
+		{[]int64{64, 100}, []int64{128, 100}},   // a box of it
+		{[]int64{3, 7}, []int64{cols - 5, 201}}, // unaligned
+	} {
+		for _, segBytes := range []int64{4 << 10, 16 << 10, 1 << 20} {
+			shape := []int64{cols, rows}
+			blocks := []api.Block{{Offsets: []int64{0, 0}, Lengths: shape, Source: "w", Base: []int64{0, 0},
+				Coeff: [][]int64{{0, 1}, {1, 0}}}}
+			req := &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "t", Dtype: api.BF16,
+				Shape: shape, Boxes: []api.Box{{Offsets: c.off, Lengths: c.lens}}, Blocks: &blocks}}}
+			opts := planner.DefaultOptions()
+			opts.SegmentBytes, opts.SegmentReadBytes = segBytes, 64<<10
+			plan, err := planner.New(req, ck, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			counted := &countingStore{Store: local}
+			stream, err := executor.New(counted, budget.New(budget.Config{Bytes: 1 << 30}),
+				executor.Config{}).Stream(context.Background(), plan, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body bytes.Buffer
+			_, err = stream.WriteTo(&body)
+			stream.Close()
+			want := make([]byte, 0, 2*c.lens[0]*c.lens[1])
+			for i := c.off[0]; i < c.off[0]+c.lens[0]; i++ {
+				for j := c.off[1]; j < c.off[1]+c.lens[1]; j++ {
+					want = append(want, data[2*(j*cols+i):2*(j*cols+i)+2]...)
+				}
+			}
+			if err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], want) {
+				t.Fatalf("box %v+%v, segments of %d: %v, or not the transpose", c.off, c.lens, segBytes, err)
+			}
+			// The source extent: rows [off[1], off[1]+lens[1]), columns [off[0], off[0]+lens[0]).
+			first := begin + 2*(c.off[1]*cols+c.off[0])
+			last := begin + 2*((c.off[1]+c.lens[1]-1)*cols+c.off[0]+c.lens[0])
+			most := (last - first + opts.SegmentReadBytes - 1) / opts.SegmentReadBytes
+			if n := int64(len(counted.reads)); n > most || n != plan.ReadRequests {
+				t.Errorf("box %v+%v, segments of %d: %d reads (the plan says %d), at most %d", c.off, c.lens, segBytes,
+					n, plan.ReadRequests, most)
+			}
+		}
+	}
+}

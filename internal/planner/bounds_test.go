@@ -58,40 +58,23 @@ func checkBounds(t *testing.T, p *Plan, opts Options) {
 	r := opts.MaxOverread
 	var requests int64
 	for _, it := range p.Items {
+		requests += int64(len(it.Rectangle))
+		checkLaidOut(t, it.Rectangle, min(opts.MaxRead, opts.SegmentReadBytes), r)
+		if it.Rectangle != nil {
+			var held int64
+			for _, rd := range it.Rectangle {
+				held += rd.Length
+			}
+			if held > opts.RegionBytes {
+				t.Fatalf("item %s shares a rectangle of %d bytes, more than %d", it.StoredName, held, opts.RegionBytes)
+			}
+		}
 		for _, seg := range it.Segments {
 			requests += int64(len(seg.Direct) + len(seg.Spans))
-			// Parts of one span, cut to the read size, may need none of their bytes; the span
-			// (its run of parts) is held to the bound.
-			var span Read
-			for i, rd := range seg.Spans {
-				if rd.Length > opts.MaxRead || rd.Length <= 0 {
-					t.Fatalf("read %+v: longer than the read size %d, or empty", rd, opts.MaxRead)
-				}
-				if i == 0 && rd.Dst != 0 {
-					t.Fatalf("the first span lands at %d of the gather buffer, not at 0", rd.Dst)
-				}
-				if i == 0 {
-					span = rd
-					continue
-				}
-				last := seg.Spans[i-1]
-				if last.Dst+last.Length != rd.Dst {
-					t.Fatalf("span read %+v does not land right after %+v", rd, last)
-				}
-				switch {
-				case last.Key == rd.Key && last.Offset+last.Length == rd.Offset: // the next part of a span
-					span.Length += rd.Length
-					span.Needed += rd.Needed
-				case last.Key > rd.Key || last.Key == rd.Key && last.Offset+last.Length > rd.Offset:
-					t.Fatalf("spans %+v and %+v are out of order or overlap", last, rd)
-				default:
-					checkAmplification(t, span, r)
-					span = rd
-				}
+			if it.Rectangle != nil && len(seg.Spans) > 0 {
+				t.Fatalf("a segment of %s reads spans of its own beside its item's rectangle", it.StoredName)
 			}
-			if len(seg.Spans) > 0 {
-				checkAmplification(t, span, r)
-			}
+			checkLaidOut(t, seg.Spans, opts.MaxRead, r)
 			for _, rd := range seg.Direct {
 				if rd.Length > opts.MaxRead {
 					t.Fatalf("read %+v: longer than the read size %d", rd, opts.MaxRead)
@@ -105,6 +88,43 @@ func checkBounds(t *testing.T, p *Plan, opts Options) {
 	}
 	if p.ReadBytes > r*p.NeededBytes {
 		t.Fatalf("the plan reads %d bytes, more than %d times the %d it needs", p.ReadBytes, r, p.NeededBytes)
+	}
+}
+
+// checkLaidOut checks reads laid out in one buffer: in file order, each landing right after the one
+// before, none longer than size, and every run of them that continues in the file (the parts of
+// one span, cut to the read size, may need none of their bytes) at most r times what it needs.
+func checkLaidOut(t *testing.T, reads []Read, size, r int64) {
+	t.Helper()
+	var span Read
+	for i, rd := range reads {
+		if rd.Length > size || rd.Length <= 0 {
+			t.Fatalf("read %+v: longer than the read size %d, or empty", rd, size)
+		}
+		if i == 0 {
+			if rd.Dst != 0 {
+				t.Fatalf("the first read lands at %d of its buffer, not at 0", rd.Dst)
+			}
+			span = rd
+			continue
+		}
+		last := reads[i-1]
+		if last.Dst+last.Length != rd.Dst {
+			t.Fatalf("read %+v does not land right after %+v", rd, last)
+		}
+		switch {
+		case last.Key == rd.Key && last.Offset+last.Length == rd.Offset: // the next part of a span
+			span.Length += rd.Length
+			span.Needed += rd.Needed
+		case last.Key > rd.Key || last.Key == rd.Key && last.Offset+last.Length > rd.Offset:
+			t.Fatalf("reads %+v and %+v are out of order or overlap", last, rd)
+		default:
+			checkAmplification(t, span, r)
+			span = rd
+		}
+	}
+	if len(reads) > 0 {
+		checkAmplification(t, span, r)
 	}
 }
 
@@ -630,6 +650,7 @@ func execute(t *testing.T, p *Plan, file []byte) []byte {
 	body := make([]byte, p.BodyBytes)
 	copy(body, p.Header)
 	for _, it := range p.Items {
+		shared := SpanFiles(it.Rectangle, gather(it.Rectangle, file))
 		for _, seg := range it.Segments {
 			out := body[seg.Output : seg.Output+seg.Bytes]
 			if seg.Fill != nil {
@@ -638,14 +659,10 @@ func execute(t *testing.T, p *Plan, file []byte) []byte {
 			for _, r := range seg.Direct {
 				copy(out[r.Dst:r.Dst+r.Length], file[r.Offset:r.Offset+r.Length])
 			}
-			var gathered []byte
-			if n := len(seg.Spans); n > 0 {
-				gathered = make([]byte, seg.Spans[n-1].Dst+seg.Spans[n-1].Length)
+			files := SpanFiles(seg.Spans, gather(seg.Spans, file))
+			if it.Rectangle != nil {
+				files = shared
 			}
-			for _, r := range seg.Spans {
-				copy(gathered[r.Dst:r.Dst+r.Length], file[r.Offset:r.Offset+r.Length])
-			}
-			files := SpanFiles(&seg, gathered)
 			for _, k := range seg.Kernels {
 				if err := k.Run(out, files); err != nil {
 					t.Fatalf("%v: %v", k, err)
@@ -654,6 +671,19 @@ func execute(t *testing.T, p *Plan, file []byte) []byte {
 		}
 	}
 	return body
+}
+
+// gather reads reads laid out in one buffer from file bytes.
+func gather(reads []Read, file []byte) []byte {
+	if len(reads) == 0 {
+		return nil
+	}
+	last := reads[len(reads)-1]
+	buf := make([]byte, last.Dst+last.Length)
+	for _, r := range reads {
+		copy(buf[r.Dst:r.Dst+r.Length], file[r.Offset:r.Offset+r.Length])
+	}
+	return buf
 }
 
 // checkValues executes a plan over made-up file bytes and compares every element of every box

@@ -243,6 +243,10 @@ func renderPlan(p *Plan) string {
 			fmt.Fprintf(&b, "  piece block %d of %s offsets %v lengths %v%s\n",
 				pc.Block, pc.Source, pc.Offsets, pc.Lengths, direct)
 		}
+		for _, r := range it.Rectangle {
+			fmt.Fprintf(&b, "  shared read %s@%s [%d, %d) needed %d\n",
+				r.Key, r.Version, r.Offset, r.Offset+r.Length, r.Needed)
+		}
 		for _, seg := range it.Segments {
 			fmt.Fprintf(&b, "  segment at %d, %d bytes\n", seg.Output, seg.Bytes)
 			if seg.Fill != nil {

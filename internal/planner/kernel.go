@@ -94,10 +94,10 @@ func (c *stridedCopy) base() int64 {
 	return c.source.Begin
 }
 
-// SpanFiles is how the kernels of seg find their source bytes in buf, its gather buffer once every
-// read of seg.Spans has landed there.
-func SpanFiles(seg *Segment, buf []byte) Files {
-	return func(key string) tensor.Source { return spanSource{reads: seg.Spans, buf: buf, key: key} }
+// SpanFiles is how kernels find their source bytes in buf once reads have landed there at their
+// Dst: a segment's Spans in its gather buffer, or its item's Rectangle in the item's.
+func SpanFiles(reads []Read, buf []byte) Files {
+	return func(key string) tensor.Source { return spanSource{reads: reads, buf: buf, key: key} }
 }
 
 // spanSource finds a file's bytes among a segment's span reads, sorted by file and offset.

@@ -34,6 +34,9 @@ type Options struct {
 	SegmentBytes int64
 	// SegmentReadBytes bounds the bytes one segment reads; a segment over it is cut smaller.
 	SegmentReadBytes int64
+	// RegionBytes bounds a box's rectangle: the source bytes its segments share (a transpose's
+	// rows), read once for all of them and held until the last is produced (Item.Rectangle).
+	RegionBytes int64
 	// MaxGap is what one more read request costs, in bytes: two byte runs closer than this are read
 	// as one, gap included.
 	MaxGap int64
@@ -77,6 +80,9 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(bytesize.Value{P: &o.SegmentBytes}, "segment-bytes", "output `SIZE` produced at once per stream")
 	fs.Var(bytesize.Value{P: &o.SegmentReadBytes}, "segment-read-bytes",
 		"most bytes (`SIZE`) one segment reads into gather buffers; bigger segments are cut")
+	fs.Var(bytesize.Value{P: &o.RegionBytes}, "region-bytes",
+		"most source bytes (`SIZE`) the segments of one box share, read once and held while they are produced "+
+			"(the rows a transpose or a strided box covers)")
 	fs.Var(bytesize.Value{P: &o.MaxGap}, "max-gap",
 		"what one more read request costs, in bytes (`SIZE`): runs closer than this are read as one")
 	fs.Var(bytesize.Value{P: &o.MaxRead}, "max-read", "reads longer than this `SIZE` are split into parallel requests")
@@ -104,7 +110,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 
 // Validate reports options no plan can be made with.
 func (o *Options) Validate() error {
-	if o.SegmentBytes <= 0 || o.SegmentReadBytes <= 0 || o.MaxRead <= 0 || o.MaxReads <= 0 || o.MaxGap < 0 ||
+	if o.SegmentBytes <= 0 || o.SegmentReadBytes <= 0 || o.RegionBytes <= 0 || o.MaxRead <= 0 || o.MaxReads <= 0 || o.MaxGap < 0 ||
 		o.MaxOverread < 1 || o.MaxOutputBytes <= 0 || o.MaxPlanBytes <= 0 {
 		return errors.New(
 			"the planner's sizes and counts must be positive (--max-gap may be 0, --max-overread at least 1)",
@@ -115,10 +121,12 @@ func (o *Options) Validate() error {
 
 // DefaultOptions suit a local disk: 4 MiB segments reading at most 8 MiB (a gathered one and the
 // one before it, waiting to be written, fit the executor's 16 MiB a stream; direct ones are sent
-// from the file and hold nothing), 64 KiB of gap worth a request, 16 MiB reads, no read more
-// than 16 times what it needs, at most 1 Mi reads, a 1 TiB body and a 256 MiB plan.
+// from the file and hold nothing), boxes sharing at most 64 MiB of source rows (a 4096 × 8192
+// BF16 transpose), 64 KiB of gap worth a request, 16 MiB reads, no read more than 16 times what
+// it needs, at most 1 Mi reads, a 1 TiB body and a 256 MiB plan.
 func DefaultOptions() Options {
-	return Options{SegmentBytes: 4 << 20, SegmentReadBytes: 8 << 20, MaxGap: 64 << 10, MaxRead: 16 << 20,
+	return Options{SegmentBytes: 4 << 20, SegmentReadBytes: 8 << 20, RegionBytes: 64 << 20, MaxGap: 64 << 10,
+		MaxRead:  16 << 20,
 		MaxReads: DefaultMaxReads, MaxOverread: DefaultMaxOverread, MaxOutputBytes: DefaultMaxOutputBytes,
 		MaxPlanBytes: DefaultMaxPlanBytes}
 }
@@ -141,6 +149,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.SegmentReadBytes <= 0 {
 		o.SegmentReadBytes = d.SegmentReadBytes
+	}
+	if o.RegionBytes <= 0 {
+		o.RegionBytes = d.RegionBytes
 	}
 	if o.MaxRead <= 0 {
 		o.MaxRead = d.MaxRead
@@ -195,6 +206,12 @@ type Item struct {
 	Bytes      int64
 	Pieces     []Piece
 	Segments   []Segment
+	// Rectangle, when set, is what the item's segments read instead of spans of their own: byte
+	// ranges of files laid out in one buffer (Dst) as a segment's spans are, cut to the store's
+	// read size, read once before the first segment and held until the last (SpanFiles finds a
+	// kernel's bytes in it). The planner shares them when the segments would read the same or
+	// interleaved bytes (a transpose's source rows) in many more requests.
+	Rectangle []Read
 }
 
 // Piece is the part of one block inside a box, for the plan report.
@@ -341,6 +358,9 @@ func newPlan(c *checker, req *api.ShardRequest, ck *checkpoint.Checkpoint, opts 
 		if err := pl.segment(spec, it); err != nil {
 			return nil, err
 		}
+		if err := pl.share(it); err != nil {
+			return nil, err
+		}
 	}
 	if c.err != nil { // a loop that noticed the cancellation without returning it
 		return nil, c.err
@@ -367,7 +387,7 @@ func (p *Plan) memory() int64 {
 	n := int64(unsafe.Sizeof(Plan{})) + int64(cap(p.Header)) + int64(cap(p.Items))*itemSize + p.pipelines
 	for i := range p.Items {
 		it := &p.Items[i]
-		n += 8*int64(cap(it.Offsets)+cap(it.Lengths)) + piecesMemory(it.Pieces)
+		n += 8*int64(cap(it.Offsets)+cap(it.Lengths)) + piecesMemory(it.Pieces) + int64(cap(it.Rectangle))*readSize
 		n += int64(cap(it.Segments)-len(it.Segments)) * segmentSize
 		for j := range it.Segments {
 			n += segmentMemory(&it.Segments[j])

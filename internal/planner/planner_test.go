@@ -69,7 +69,7 @@ func checkInvariants(t *testing.T, p *Plan, ck *checkpoint.Checkpoint) {
 				t.Fatalf("segment of %s starts at %d, want %d", it.StoredName, seg.Output, pos)
 			}
 			pos += seg.Bytes
-			for _, list := range [][]Read{seg.Direct, seg.Spans} {
+			for _, list := range [][]Read{seg.Direct, seg.Spans, it.Rectangle} {
 				for _, r := range list {
 					if r.Offset < 128 || r.Offset+r.Length > end || r.Length <= 0 {
 						t.Fatalf("read %+v leaves the data of the file [128, %d)", r, end)
@@ -81,11 +81,11 @@ func checkInvariants(t *testing.T, p *Plan, ck *checkpoint.Checkpoint) {
 					t.Fatalf("direct read %+v lands outside its segment of %d bytes", r, seg.Bytes)
 				}
 			}
-			var gathered int64
-			if n := len(seg.Spans); n > 0 {
-				gathered = seg.Spans[n-1].Dst + seg.Spans[n-1].Length
+			reads := seg.Spans
+			if it.Rectangle != nil {
+				reads = it.Rectangle
 			}
-			files := SpanFiles(&seg, make([]byte, gathered))
+			files := SpanFiles(reads, make([]byte, bufferBytes(reads)))
 			out := make([]byte, seg.Bytes)
 			for _, k := range seg.Kernels {
 				if err := k.Run(out, files); err != nil {
@@ -461,4 +461,12 @@ func TestFP8DequantRankReadsItsEighth(t *testing.T) {
 		}
 		checkInvariantsFor(t, p)
 	}
+}
+
+// bufferBytes is the length of the buffer reads are laid out in.
+func bufferBytes(reads []Read) int64 {
+	if len(reads) == 0 {
+		return 0
+	}
+	return reads[len(reads)-1].Dst + reads[len(reads)-1].Length
 }

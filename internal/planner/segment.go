@@ -1,10 +1,12 @@
 package planner
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/tensor"
@@ -302,7 +304,7 @@ func (s *segmenter) build(spec *tensorSpec, off, lens []int64, out int64) (Segme
 		seg.Fill = spec.fill
 	}
 	if spans = coalesce(spans, s.opts); len(spans) > 0 {
-		seg.Spans = s.layOut(spans)
+		seg.Spans = layOut(spans, s.opts.MaxRead)
 	}
 	return seg, needed, work, nil
 }
@@ -621,21 +623,115 @@ func touched(lengths, src []int64) int64 {
 	return n
 }
 
-// layOut places a segment's coalesced spans one after another in its gather buffer (each span's
-// Dst) and cuts each into reads of at most MaxRead bytes, the store's read size.
-func (s *segmenter) layOut(spans []Read) []Read {
-	var n int64
-	for _, r := range spans {
-		n += (r.Length + s.opts.MaxRead - 1) / s.opts.MaxRead
-	}
-	out := make([]Read, 0, n)
+// layOut places coalesced spans one after another in a buffer (each span's Dst) and cuts each
+// into reads of at most size bytes.
+func layOut(spans []Read, size int64) []Read {
+	out := make([]Read, 0, requests(spans, size))
 	var at int64
 	for _, r := range spans {
 		r.Dst = at
 		at += r.Length
-		out = splitRead(out, r, s.opts.MaxRead)
+		out = splitRead(out, r, size)
 	}
 	return out
+}
+
+// interleaved reports whether two segments read overlapping extents of one file.
+func (s *segmenter) interleaved(segs []Segment) bool {
+	type extent struct {
+		key    string
+		lo, hi int64
+	}
+	var extents []extent
+	for i := range segs {
+		spans := segs[i].Spans
+		for len(spans) > 0 { // spans are sorted by file: one extent a file
+			k := 1
+			for k < len(spans) && spans[k].Key == spans[0].Key {
+				k++
+			}
+			last := spans[k-1]
+			extents = append(extents, extent{spans[0].Key, spans[0].Offset, last.Offset + last.Length})
+			spans = spans[k:]
+		}
+	}
+	slices.SortFunc(extents, func(a, b extent) int {
+		if a.key != b.key {
+			return strings.Compare(a.key, b.key)
+		}
+		return cmp.Compare(a.lo, b.lo)
+	})
+	for i := 1; i < len(extents); i++ {
+		if extents[i].key == extents[i-1].key && extents[i].lo < extents[i-1].hi {
+			return true
+		}
+	}
+	return false
+}
+
+// requests is how many reads of at most size bytes the spans take.
+func requests(spans []Read, size int64) int64 {
+	var n int64
+	for _, r := range spans {
+		n += (r.Length + size - 1) / size
+	}
+	return n
+}
+
+// share gives an item's segments one rectangle to read (Item.Rectangle) instead of spans of
+// their own when they read the same or interleaved bytes of a file — the extents of two
+// segments' spans overlap — and the union of their spans, coalesced by the same cost model (no
+// gap over MaxGap read through, no read more than MaxOverread times what it needs), costs less
+// (its bytes, and MaxGap a request of at most SegmentReadBytes) and fits RegionBytes. A
+// transpose's segments each read a band of columns, a run of a few hundred bytes from every
+// source row; shared, the rows are read once, in a few requests. Segments that read bytes of
+// their own, one after another (a slab, every other element), keep their spans, read as each
+// segment is produced.
+func (s *segmenter) share(it *Item) error {
+	if len(it.Segments) < 2 || !s.interleaved(it.Segments) {
+		return nil
+	}
+	var own, ownBytes int64
+	union := s.pending[:0]
+	defer func() { s.pending = union[:0] }()
+	compactAt := compactReads
+	for i := range it.Segments {
+		for _, r := range it.Segments[i].Spans {
+			own++
+			ownBytes += r.Length
+			union = append(union, r)
+		}
+		if len(union) > compactAt {
+			union = coalesce(union, s.opts)
+			compactAt = max(compactReads, 2*len(union))
+		}
+		if s.c.tick(1) {
+			return s.c.err
+		}
+	}
+	union = coalesce(union, s.opts)
+	var bytes int64
+	for _, r := range union {
+		bytes += r.Length
+	}
+	size := min(s.opts.SegmentReadBytes, s.opts.MaxRead)
+	n := requests(union, size)
+	if own == 0 || bytes > s.opts.RegionBytes || bytes+n*s.opts.MaxGap >= ownBytes+own*s.opts.MaxGap {
+		return nil
+	}
+	if err := s.charge(n * readSize); err != nil {
+		return err
+	}
+	it.Rectangle = layOut(union, size)
+	for i := range it.Segments {
+		s.mem -= int64(cap(it.Segments[i].Spans)) * readSize
+		it.Segments[i].Spans = nil
+	}
+	p := s.plan
+	p.ReadBytes += bytes - ownBytes
+	p.ReadRequests += n - own
+	s.committed = p.ReadRequests
+	return nil
 }
 
 // splitRead appends r to out cut into reads of at most size bytes, in order, each landing after

@@ -73,10 +73,12 @@ func (s *Server) prefetchRanges(r *http.Request, req *api.ShardRequest) ([]clust
 	defer res.Release()
 	s.metrics.planned(r.Context(), res.Plan, res.Planning)
 	for _, it := range res.Plan.Items {
+		reads := slices.Clone(it.Rectangle)
 		for _, seg := range it.Segments {
-			for _, rd := range slices.Concat(seg.Direct, seg.Spans) {
-				ranges = append(ranges, cluster.Chunk{Key: rd.Key, Version: rd.Version, Offset: rd.Offset, Length: rd.Length})
-			}
+			reads = append(reads, slices.Concat(seg.Direct, seg.Spans)...)
+		}
+		for _, rd := range reads {
+			ranges = append(ranges, cluster.Chunk{Key: rd.Key, Version: rd.Version, Offset: rd.Offset, Length: rd.Length})
 		}
 	}
 	return ranges, nil

@@ -565,6 +565,9 @@ func planResponse(p *planner.Plan) api.PlanResponse {
 			box.Pieces = append(box.Pieces,
 				api.PiecePlan{Block: pc.Block, Source: pc.Source, Offsets: pc.Offsets, Lengths: pc.Lengths, Mode: mode})
 		}
+		for _, rd := range it.Rectangle {
+			box.Reads = append(box.Reads, api.ReadPlan{File: rd.Key, Offset: rd.Offset, Length: rd.Length})
+		}
 		for _, seg := range it.Segments {
 			for _, list := range [][]planner.Read{seg.Direct, seg.Spans} {
 				for _, rd := range list {
