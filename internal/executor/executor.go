@@ -178,8 +178,9 @@ func (s *Stream) release(c charge) {
 // result is a produced segment: parts to write in order, what to give back once they are.
 type result struct {
 	parts  []part
-	buf    *[]byte // the pooled buffer the bytes are in
-	send   bool    // its sections are files the socket may take by sendfile
+	buf    *[]byte    // the pooled buffer the bytes are in
+	rect   *rectangle // the rectangle it was produced from, done with once it is written
+	send   bool       // its sections are files the socket may take by sendfile
 	charge charge
 	err    error
 }
@@ -204,8 +205,12 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (
 		if it := &p.Items[i]; it.Rectangle != nil {
 			r = &rectangle{reads: it.Rectangle, ready: make(chan struct{})}
 			r.left.Store(int64(len(it.Segments)))
+			var most int64
+			for _, seg := range it.Segments {
+				most = max(most, seg.Bytes)
+			}
 			last := it.Rectangle[len(it.Rectangle)-1]
-			r.bytes = min(last.Dst+last.Length, e.memory.Bytes())
+			r.bytes = min(last.Dst+last.Length+int64(e.window)*most, e.memory.Bytes())
 		}
 		for j := range p.Items[i].Segments {
 			segs = append(segs, &p.Items[i].Segments[j])
@@ -224,7 +229,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (
 	}
 	var first job
 	if len(segs) > 0 {
-		first = s.job(segs[0])
+		first = s.job(segs[0], rects[0])
 		var held int64
 		if rects[0] != nil {
 			held = rects[0].bytes
@@ -257,7 +262,7 @@ type job struct {
 // time only once the copied bytes after its sections have pushed them out of the kernel's
 // buffers — which the body's last byte then waits for. A file section that is copied is charged
 // the buffer it is copied through.
-func (s *Stream) job(seg *planner.Segment) job {
+func (s *Stream) job(seg *planner.Segment, rect *rectangle) job {
 	if runs := tiling(seg); runs != nil && s.e.sectioner != nil {
 		held := s.e.sectioner.SectionMemory(seg.Bytes)
 		files := held == 0
@@ -266,6 +271,9 @@ func (s *Stream) job(seg *planner.Segment) job {
 			held = min(copyBytes, seg.Bytes)
 		}
 		return job{seg: seg, runs: runs, send: send, charge: s.chargeOf(held)}
+	}
+	if rect != nil { // its buffer is in the rectangle's charge, not the budget's again
+		return job{seg: seg, rect: rect, charge: charge{own: min(weight(seg), s.e.streamBytes)}}
 	}
 	return job{seg: seg, charge: s.chargeOf(weight(seg))}
 }
@@ -280,7 +288,7 @@ func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job)
 		select {
 		case s.slots <- struct{}{}:
 			if i > 0 {
-				j = s.job(seg)
+				j = s.job(seg, rects[i])
 				if err = s.own.Acquire(ctx, j.charge.own); err == nil {
 					if err = s.e.memory.Acquire(ctx, j.charge.all); err != nil {
 						s.own.Release(j.charge.own)
@@ -311,13 +319,12 @@ func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job)
 			}
 			for k, ch := range s.results[i:] {
 				if r := rects[i+k]; r != nil && r.started {
-					go s.e.doneWith(r)
+					s.e.doneWith(r)
 				}
 				ch <- result{err: err}
 			}
 			return
 		}
-		j.rect = rect
 		go func() {
 			r := s.e.produce(ctx, j)
 			r.send = j.send
@@ -327,7 +334,11 @@ func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job)
 				r.charge = charge{}
 			case j.runs == nil: // the read buffers are back in their pool, the output is held
 				r.charge = s.chargeOf(seg.Bytes)
+				if j.rect != nil {
+					r.charge.all = 0
+				}
 			}
+			r.rect = j.rect
 			s.release(charge{j.charge.all - r.charge.all, j.charge.own - r.charge.own})
 			s.results[i] <- r
 		}()
@@ -462,6 +473,9 @@ func (s *Stream) confirm() error {
 func (s *Stream) free(r result) {
 	discard(r)
 	s.release(r.charge)
+	if r.rect != nil {
+		s.e.doneWith(r.rect)
+	}
 }
 
 // Prime waits until the first segment is ready, so a failure of the first read is known before a
@@ -494,9 +508,6 @@ func (s *Stream) Close() {
 func (e *Executor) produce(ctx context.Context, j job) result {
 	if j.runs != nil {
 		return e.sections(ctx, j.runs)
-	}
-	if j.rect != nil {
-		defer e.doneWith(j.rect)
 	}
 	buf, err := e.gather(ctx, j.seg, j.rect)
 	if err != nil {
@@ -620,8 +631,10 @@ func (e *Executor) gather(ctx context.Context, seg *planner.Segment, rect *recta
 }
 
 // rectangle is the source bytes an item's segments share (planner.Item.Rectangle): read once, when
-// the first of them starts, into a buffer charged to the whole budget (not to the stream's share,
-// which its segments wait on), and given back when the last is done with it.
+// the first of them starts, into a buffer charged to the whole budget together with the window of
+// segment buffers produced from it (which then take nothing more from the budget: a stream holding
+// a rectangle never waits on the budget for its segments, which would deadlock streams that hold
+// rectangles), not to the stream's share; given back once the last segment is written.
 type rectangle struct {
 	reads   []planner.Read
 	bytes   int64 // its charge
@@ -648,14 +661,16 @@ func (e *Executor) readRectangle(ctx context.Context, r *rectangle) {
 }
 
 // doneWith marks one of a rectangle's segments done with it; the last gives back its buffer and
-// its memory once its reads have returned.
+// its memory once its reads have returned, without waiting for them.
 func (e *Executor) doneWith(r *rectangle) {
 	if r.left.Add(-1) != 0 {
 		return
 	}
-	<-r.ready
-	putBuf(r.buf)
-	e.memory.Release(r.bytes)
+	go func() {
+		<-r.ready
+		putBuf(r.buf)
+		e.memory.Release(r.bytes)
+	}()
 }
 
 // Buffers come from pools by power-of-two size class, so a stream's steady state allocates nothing.

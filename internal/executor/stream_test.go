@@ -212,7 +212,8 @@ func TestDirectPermutationsReadTheirExtentInFewRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			counted := &countingStore{Store: local}
-			stream, err := executor.New(counted, budget.New(budget.Config{Bytes: 1 << 30}),
+			// A budget smaller than the rectangle: its segments must not wait on the budget it holds.
+			stream, err := executor.New(counted, budget.New(budget.Config{Bytes: segBytes << 2}),
 				executor.Config{}).Stream(context.Background(), plan, false)
 			if err != nil {
 				t.Fatal(err)
