@@ -9,8 +9,8 @@ import (
 	"github.com/shardsrv/shardsrv/api"
 )
 
-// manifestEntry is one tensor of a live model's saved state, as shardsrv.manifest.dump writes it
-// (clients/python/shardsrv/manifest.py): the names, shapes and dtypes the engine's loader expects.
+// manifestEntry is one tensor of a live model's saved state, as clients/python's shardsrv.manifest
+// writes it (dump, saved): the names, shapes and dtypes the engine's loader expects.
 type manifestEntry struct {
 	Name  string  `json:"name"`
 	Shape []int64 `json:"shape"`

@@ -39,10 +39,28 @@ CKPT = "qwen2-moe-tiny"
 L0, L1 = "model.layers.0.", "model.layers.1."
 
 
+BINARY = os.environ.get("SHARDSRV_BIN", os.path.join(ROOT, "bin", "shardsrv"))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve(store, log_level="warn"):
+    """A shardsrv serving the checkpoint folders in store, once it answers: (process, URL)."""
+    port = free_port()
+    proc = subprocess.Popen([BINARY, "serve", "--store", store, "--addr", f"127.0.0.1:{port}",
+                             "--log-level", log_level])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=1).read()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, url
 
 
 def read_checkpoint(folder):
@@ -137,32 +155,30 @@ class Proxy:
         self.httpd.server_close()
 
 
-class LiveServer(unittest.TestCase):
+class ExampleServer(unittest.TestCase):
+    """A live shardsrv serving the example checkpoint, written into a temporary directory (tmp)."""
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        binary = os.environ.get("SHARDSRV_BIN", os.path.join(ROOT, "bin", "shardsrv"))
-        ckdir = os.path.join(cls.tmp.name, "checkpoints")
-        subprocess.run([binary, "example", "--out", ckdir], check=True, stdout=subprocess.DEVNULL)
-        port = free_port()
-        cls.proc = subprocess.Popen([binary, "serve", "--store", ckdir, "--addr", f"127.0.0.1:{port}",
-                                     "--log-level", "warn"])
-        cls.url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(cls.url + "/healthz", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.05)
-        cls.client = shardsrv.Client(cls.url, attempts=2, backoff=0.05)
-        cls.folder = os.path.join(ckdir, CKPT)
-        cls.data = read_checkpoint(cls.folder)
+        cls.store = os.path.join(cls.tmp.name, "checkpoints")
+        subprocess.run([BINARY, "example", "--out", cls.store], check=True, stdout=subprocess.DEVNULL)
+        cls.proc, cls.url = serve(cls.store)
 
     @classmethod
     def tearDownClass(cls):
         cls.proc.terminate()
         cls.proc.wait(timeout=30)
         cls.tmp.cleanup()
+
+
+class LiveServer(ExampleServer):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.client = shardsrv.Client(cls.url, attempts=2, backoff=0.05)
+        cls.folder = os.path.join(cls.store, CKPT)
+        cls.data = read_checkpoint(cls.folder)
 
     def rows(self, name, lo, hi):
         """Rows [lo, hi) of a checkpoint tensor (elements, for a 1-d one), BF16."""

@@ -8,17 +8,15 @@ the capture with the server's own "engine": "vllm" layout for the architectures 
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
-import time
 import unittest
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import shardsrv  # noqa: E402
+from test_client import serve  # noqa: E402
 
 try:
     import torch
@@ -29,8 +27,6 @@ if torch is not None:
     import vllm_layers as vl
     from shardsrv import capture as cap
     from shardsrv import loader
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 def tensor_bytes(t):
@@ -145,20 +141,7 @@ class LiveCheckpoints(unittest.TestCase):
             write_checkpoint(os.path.join(cls.tmp.name, name), cls.tensors[name], c.hf())
         cls.tensors["qwen2-moe-x"] = random_tensors(vl.qwen2_moe_checkpoint(), 200)
         write_checkpoint(os.path.join(cls.tmp.name, "qwen2-moe-x"), cls.tensors["qwen2-moe-x"], vl.Qwen2MoeConfig.hf())
-        binary = os.environ.get("SHARDSRV_BIN", os.path.join(ROOT, "bin", "shardsrv"))
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cls.proc = subprocess.Popen([binary, "serve", "--store", cls.tmp.name, "--addr", f"127.0.0.1:{port}",
-                                     "--log-level", "error"])
-        cls.url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(cls.url + "/healthz", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.05)
+        cls.proc, cls.url = serve(cls.tmp.name, log_level="error")
         cls.client = shardsrv.Client(cls.url, attempts=2, backoff=0.05)
 
     @classmethod
