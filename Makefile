@@ -60,7 +60,7 @@ test: lint unit fuzz python
 
 unit: tools
 	SHARDSRV_REQUIRE_S3=1 SHARDSRV_REQUIRE_GCS=1 SHARDSRV_REQUIRE_AZURE=1 SHARDSRV_REQUIRE_HELM=1 \
-		$(GO) test -race -count=1 ./...
+		$(GO) test -race -count=1 -timeout 30m ./...
 
 ## python: the Python suite against a live server, twice: with Debian's numpy and torch (installed
 ## with apt-get when missing; torch 1.13 is the oldest the package supports) and with the standard
