@@ -214,12 +214,11 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 	// Verification sits under the cache: what the cache holds was verified once, when it was read.
-	verifier := verify.New(st, c.verify.Mode, keys)
+	verifier := verify.New(st, c.verify.Mode, keys, tel.Meter)
 	if verifier.Mode() != c.verify.Mode {
 		log.Warn("no --trust-key: signatures are not checked", "verify", string(c.verify.Mode))
 	}
 	if verifier.Mode() != verify.ModeOff {
-		telemetry.ObserveVerify(tel.Meter, verifier)
 		st = verifier
 	}
 	var tokens *server.Tokens

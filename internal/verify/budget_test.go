@@ -37,7 +37,7 @@ func TestSignatureIsVerifiedWithinTheBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()})
+	s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}, nil)
 	s.Reserve = mem.Reserve
 	if _, err := s.Stat(ctx, "m/w.bin"); !errors.Is(err, budget.ErrBusy) {
 		t.Fatalf("a %d-byte model.sig with %d of a %d-byte budget free: %v, want ErrBusy", n, 6*n, 8*n, err)

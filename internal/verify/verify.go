@@ -36,6 +36,7 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/shardsrv/shardsrv/internal/oms"
@@ -167,15 +168,17 @@ type signature struct {
 	id       string
 }
 
-// New wraps inner.
-func New(inner store.Store, mode Mode, keys []crypto.PublicKey) *Store {
+// New wraps inner. Unless it verifies nothing, its counters are instruments of mp (nil: none).
+func New(inner store.Store, mode Mode, keys []crypto.PublicKey, mp metric.MeterProvider) *Store {
 	if len(keys) == 0 && mode == ModeIfSigned {
 		mode = ModeOff
 	}
 	sigs, _ := lru.New[string, *signature](1024)
 	verdicts, _ := lru.New[string, struct{}](16384)
-	return &Store{inner: inner, mode: mode, keys: keys, Revalidate: 5 * time.Second,
+	s := &Store{inner: inner, mode: mode, keys: keys, Revalidate: 5 * time.Second,
 		signatures: sigs, verdicts: verdicts}
+	s.observe(mp)
+	return s
 }
 
 // Mode is the mode in effect: if-signed without keys is off.

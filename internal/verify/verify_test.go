@@ -130,7 +130,7 @@ func TestConformance(t *testing.T) {
 				raw, put := b.open(t)
 				key := newKey(t)
 				p := &publisher{files: map[string][]byte{}, put: put, key: key}
-				return verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}), func(k string, d []byte) {
+				return verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}, nil), func(k string, d []byte) {
 					p.write(t, k, d)
 				}
 			}})
@@ -150,7 +150,7 @@ func TestTamper(t *testing.T) {
 				p := &publisher{dir: "m", files: map[string][]byte{}, put: put, key: key, shard: shard}
 				p.write(t, "w.safetensors", data)
 				p.write(t, "config.json", []byte(`{"a":1}`))
-				return verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}), p, key
+				return verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}, nil), p, key
 			}
 			read := func(s store.Store, off, n int64) ([]byte, error) {
 				info, err := s.Stat(ctx, "m/w.safetensors")
@@ -223,11 +223,11 @@ func TestTamper(t *testing.T) {
 			t.Run("unsigned under required", func(t *testing.T) {
 				raw, put := b.open(t)
 				put("u/w.safetensors", data)
-				s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{newKey(t).Public()})
+				s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{newKey(t).Public()}, nil)
 				if _, err := s.Stat(ctx, "u/w.safetensors"); !errors.Is(err, store.ErrUnverified) {
 					t.Errorf("an unsigned checkpoint under required: %v, want ErrUnverified", err)
 				}
-				lax := verify.New(raw, verify.ModeIfSigned, []crypto.PublicKey{newKey(t).Public()})
+				lax := verify.New(raw, verify.ModeIfSigned, []crypto.PublicKey{newKey(t).Public()}, nil)
 				if _, err := read(withPrefix{lax, "u"}, 0, 10); err != nil {
 					t.Errorf("an unsigned checkpoint under if-signed is served as stored: %v", err)
 				}
@@ -330,7 +330,7 @@ func TestFilesManifest(t *testing.T) {
 	}
 	put("m/w.bin", data)
 	put("m/model.sig", bundle)
-	s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()})
+	s := verify.New(raw, verify.ModeRequired, []crypto.PublicKey{key.Public()}, nil)
 	info, err := s.Stat(ctx, "m/w.bin")
 	if err != nil {
 		t.Fatal(err)
