@@ -184,10 +184,17 @@ func (s *Store) Check(ctx context.Context) error { return s.inner.Check(ctx) }
 
 // size is the size of one version of a file; a file whose version moved on is ErrChanged.
 func (s *Store) size(ctx context.Context, key, version string) (int64, error) {
-	if c, ok := s.sizes.Get(key + "@" + version); ok && time.Since(c.at) < s.Revalidate {
+	c, known := s.sizes.Get(key + "@" + version)
+	if known && time.Since(c.at) < s.Revalidate {
 		return c.size, nil
 	}
 	info, err := s.inner.Stat(ctx, key)
+	if known && store.Unanswered(ctx, err) {
+		// The store cannot say whether the file moved on: the version known stands, so what the
+		// cache holds of it is served through an outage; the next check is a Revalidate away.
+		s.sizes.Add(key+"@"+version, checked{size: c.size, at: time.Now()})
+		return c.size, nil
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -123,7 +123,7 @@ type opened struct {
 	rootVersion string // version of the index (or of model.safetensors)
 	ckpt        *Checkpoint
 	files       map[string]string // every data file's key → the version resolved
-	checked     atomic.Int64      // when the store last confirmed every version (Unix nanoseconds)
+	checked     atomic.Int64      // when the store was last asked for every version (Unix nanoseconds)
 }
 
 // New returns a catalog over s.
@@ -144,6 +144,7 @@ func (c *Catalog) Check(ctx context.Context) error { return c.store.Check(ctx) }
 // index (or single file) and of each data file checks that it is current, and one that is not is
 // resolved anew. A file replaced between two checks is caught by the version every data read
 // carries (ReadFailed drops the stale resolution), unless a cache serves it: then by the next check.
+// A check the store cannot answer (an outage: store.Unanswered) leaves the resolution standing.
 func (c *Catalog) Open(ctx context.Context, name string) (*Checkpoint, error) {
 	if err := store.ValidateKey(name); err != nil {
 		return nil, err
@@ -154,11 +155,17 @@ func (c *Catalog) Open(ctx context.Context, name string) (*Checkpoint, error) {
 	}
 	start := time.Now()
 	rootKey, rootInfo, indexed, err := c.root(ctx, name)
+	if cached && store.Unanswered(ctx, err) {
+		return c.stale(o, start), nil
+	}
 	if err != nil {
 		return nil, err
 	}
 	if cached && o.rootVersion == rootInfo.Version {
 		current, err := c.current(ctx, o, rootKey)
+		if store.Unanswered(ctx, err) {
+			return c.stale(o, start), nil
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -184,6 +191,15 @@ func (c *Catalog) Open(ctx context.Context, name string) (*Checkpoint, error) {
 		return nil, err
 	}
 	return v.(*Checkpoint), nil
+}
+
+// stale answers a resolution the store could not be asked about (an outage): the last one it
+// confirmed stands until it can say otherwise, so a cache under the catalog serves what it holds
+// of that version; reads the cache misses fail as the store fails. The next check is a Revalidate
+// away, so an outage costs one failed Stat a checkpoint per Revalidate, not one per request.
+func (c *Catalog) stale(o *opened, start time.Time) *Checkpoint {
+	o.checked.Store(start.UnixNano())
+	return o.ckpt
 }
 
 // current reports whether every data file of a resolution is still the version resolved (the

@@ -100,6 +100,14 @@ var (
 	ErrUnverified = errors.New("the checkpoint cannot be verified")
 )
 
+// Unanswered reports whether err, met asking the store about a file under ctx, leaves the file's
+// version unknown: the store could not be asked or would not say (unreachable, overloaded, refusing
+// credentials), as opposed to answering that the file is gone or the caller giving up. What was
+// last learned of the file then still stands: a cache serves the version it holds through an outage.
+func Unanswered(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && !errors.Is(err, ErrNotFound)
+}
+
 // The longest key and key segment: S3's key limit, and NAME_MAX of Linux file systems.
 const (
 	MaxKeyBytes     = 1024
