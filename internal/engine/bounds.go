@@ -16,8 +16,8 @@ import (
 // wrap, and every divisor has been checked to be at least 1 before it is used. New fields and
 // architectures read their integers through these same three doors.
 const (
-	// MaxRanks bounds tensor_parallel_size × data_parallel_size — the ranks of one engine instance
-	// and of its flattened expert-parallel group. The largest vLLM deployments span hundreds of
+	// MaxRanks bounds tensor_parallel_size × prefill_context_parallel_size × data_parallel_size —
+	// the ranks of one engine instance and of its flattened expert-parallel group. The largest vLLM deployments span hundreds of
 	// GPUs; 65,536 leaves two orders of magnitude.
 	MaxRanks = 1 << 16
 	// MaxConfigInt bounds every integer read from config.json (layers, heads, head_dim, hidden and
@@ -30,23 +30,38 @@ const (
 	MaxTensorDim = 1 << 40
 )
 
-// check bounds the request's sizes and ranks. The product TP × DP is computed checked (both
-// factors are bounded first, but the check does not lean on that).
+// check bounds the request's sizes and ranks. The product TP × PCP × DP is computed checked (every
+// factor is bounded first, but the check does not lean on that).
 func (p Parallel) check() error {
 	switch {
 	case p.TP < 1 || p.TP > MaxRanks:
 		return &Error{"/layout/tensor_parallel_size", fmt.Sprintf("must be in [1, %d], got %d", MaxRanks, p.TP)}
 	case p.TPRank < 0 || p.TPRank >= p.TP:
 		return &Error{"/layout/tp_rank", fmt.Sprintf("rank %d is not in [0, %d)", p.TPRank, p.TP)}
+	case p.PCP < 1 || p.PCP > MaxRanks:
+		return &Error{"/layout/prefill_context_parallel_size", fmt.Sprintf("must be in [1, %d], got %d", MaxRanks, p.PCP)}
+	case p.PCPRank < 0 || p.PCPRank >= p.PCP:
+		return &Error{"/layout/pcp_rank", fmt.Sprintf("rank %d is not in [0, %d)", p.PCPRank, p.PCP)}
 	case p.DP < 1 || p.DP > MaxRanks:
 		return &Error{"/layout/data_parallel_size", fmt.Sprintf("must be in [1, %d], got %d", MaxRanks, p.DP)}
 	case p.DPRank < 0 || p.DPRank >= p.DP:
 		return &Error{"/layout/dp_rank", fmt.Sprintf("rank %d is not in [0, %d)", p.DPRank, p.DP)}
 	}
-	if world, ok := tensor.CheckedMul(p.TP, p.DP); !ok || world > MaxRanks {
+	world, ok := tensor.CheckedMul(p.TP, p.PCP)
+	if ok {
+		world, ok = tensor.CheckedMul(world, p.DP)
+	}
+	if !ok || world > MaxRanks {
 		return &Error{"/layout/data_parallel_size", fmt.Sprintf(
-			"tensor_parallel_size %d × data_parallel_size %d is over the %d ranks one engine instance may have",
-			p.TP, p.DP, MaxRanks)}
+			"tensor_parallel_size %d × prefill_context_parallel_size %d × data_parallel_size %d is over the %d ranks "+
+				"one engine instance may have", p.TP, p.PCP, p.DP, MaxRanks)}
+	}
+	if p.RedundantExperts < 0 || p.RedundantExperts > MaxConfigInt {
+		return &Error{"/layout/num_redundant_experts", fmt.Sprintf(
+			"must be in [0, %d], got %d", MaxConfigInt, p.RedundantExperts)}
+	}
+	if p.Placement != "" && p.Placement != "linear" && p.Placement != "round_robin" {
+		return &Error{"/layout/expert_placement_strategy", "must be \"linear\" or \"round_robin\""}
 	}
 	return nil
 }

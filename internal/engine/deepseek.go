@@ -91,7 +91,9 @@ func (m *model) mla(at string) error {
 	steps = append(steps,
 		func() error { return m.norm(at + "kv_a_layernorm.weight") },
 		func() error { return m.column(at+"kv_b_proj", at+"kv_b_proj") },
-		func() error { return m.rowLinear(alias+"o_proj", at+"o_proj") })
+		func() error { return m.rowLinear(alias+"o_proj", at+"o_proj") },
+		// The MLA wrapper's own MLAAttention, at self_attn.mla_attn.mla_attn.
+		func() error { return m.attentionScales(alias+"mla_attn.", at) })
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return err
@@ -101,27 +103,28 @@ func (m *model) mla(at string) error {
 }
 
 func (m *model) deepseekMoE(mlp string, experts int64) error {
-	if err := m.replicated(mlp+"gate.weight", mlp+"gate.weight", m.dtype); err != nil {
+	names := m.moeNames(mlp)
+	if err := m.replicated(names.gate+"weight", mlp+"gate.weight", m.dtype); err != nil {
 		return err
 	}
-	// The correction bias and the shared experts are registered twice: FusedMoE keeps the bias as
-	// its own e_score_correction_bias, and SharedFusedMoE the shared MLP as _shared_experts; the
-	// state dict keeps the smaller names, under mlp.experts.
 	if m.cfg.str("topk_method") == "noaux_tc" {
 		bias := mlp + "gate.e_score_correction_bias"
-		if err := m.replicated(mlp+"experts.e_score_correction_bias", bias, api.F32); err != nil {
+		if err := m.replicated(names.bias, bias, api.F32); err != nil {
 			return err
 		}
 	}
 	if shared, err := m.cfg.int("n_shared_experts", 0); err != nil {
 		return err
 	} else if shared > 0 {
-		err := m.mlp(mlp+"experts._shared_experts.", mlp+"shared_experts.", "gate_proj", "up_proj", "down_proj")
-		if err != nil {
+		if err := m.sharedExperts(names.shared, mlp+"shared_experts."); err != nil {
 			return err
 		}
 	}
-	return m.experts(mlp+"experts.", experts, func(e int64) (string, string, string) {
+	groups, err := m.cfg.int("n_group", 1)
+	if err != nil {
+		return err
+	}
+	return m.experts(names.routed, experts, groups, func(e int64) (string, string, string) {
 		ex := fmt.Sprintf("%sexperts.%d.", mlp, e)
 		return ex + "gate_proj", ex + "up_proj", ex + "down_proj"
 	})

@@ -21,12 +21,22 @@ import (
 	"github.com/shardsrv/shardsrv/api"
 )
 
-// Parallel is the rank a layout is built for: its place in the tensor- and data-parallel groups,
-// and whether experts are spread over ranks (expert parallelism) or split like other weights.
+// Parallel is the rank a layout is built for: its place in the tensor-, prefill-context- and
+// data-parallel groups, and how a MoE layer's experts go over ranks: spread whole (expert
+// parallelism) or split like other weights, with EPLB's redundant experts and the placement.
 type Parallel struct {
-	TP, TPRank     int64
+	TP, TPRank int64
+	// PCP is prefill-context parallelism: its ranks hold the same attention and dense weights and
+	// join the MoE group. Zero means 1.
+	PCP, PCPRank   int64
 	DP, DPRank     int64
 	ExpertParallel bool
+	// EPLB is the expert-parallel load balancer, RedundantExperts its num_redundant_experts: extra
+	// physical experts, slot E+j holding logical expert j.
+	EPLB             bool
+	RedundantExperts int64
+	// Placement is expert_placement_strategy: "linear" (empty means it) or "round_robin".
+	Placement string
 }
 
 // Spec is a layout request.
@@ -107,6 +117,9 @@ func Build(spec Spec, config []byte, tensors map[string]TensorInfo) (*Table, err
 			fmt.Sprintf("unknown engine %q; this server lays out %s", spec.Engine, names(engines)),
 		}
 	}
+	if spec.PCP == 0 {
+		spec.PCP = 1
+	}
 	if err := spec.Parallel.check(); err != nil {
 		return nil, err
 	}
@@ -125,6 +138,9 @@ func Build(spec Spec, config []byte, tensors map[string]TensorInfo) (*Table, err
 	}
 	rel, err := lookupRelease(spec.Engine, spec.Version, arch)
 	if err != nil {
+		return nil, err
+	}
+	if err := rel.checkParallel(spec.Engine, arch, spec.Parallel); err != nil {
 		return nil, err
 	}
 	m := &model{cfg: cfg, tensors: tensors, par: spec.Parallel, rel: rel}

@@ -25,10 +25,11 @@ func mixtral(m *model) error {
 	}
 	return m.decoder(func(i int64, pre string) error {
 		moe := pre + "block_sparse_moe."
-		if err := m.replicated(moe+"gate.weight", moe+"gate.weight", m.dtype); err != nil {
+		names := m.moeNames(moe)
+		if err := m.replicated(names.gate+"weight", moe+"gate.weight", m.dtype); err != nil {
 			return err
 		}
-		return m.experts(moe+"experts.", experts, func(e int64) (string, string, string) {
+		return m.experts(names.routed, experts, 0, func(e int64) (string, string, string) {
 			ex := fmt.Sprintf("%sexperts.%d.", moe, e)
 			return ex + "w1", ex + "w3", ex + "w2"
 		})
@@ -53,26 +54,53 @@ func qwenMoE(m *model) error {
 		if slices.Contains(dense, i) || experts == 0 || step == 0 || (i+1)%step != 0 {
 			return m.mlp(mlp, mlp, "gate_proj", "up_proj", "down_proj")
 		}
-		if err := m.replicated(mlp+"gate.weight", mlp+"gate.weight", m.dtype); err != nil {
+		names := m.moeNames(mlp)
+		if err := m.replicated(names.gate+"weight", mlp+"gate.weight", m.dtype); err != nil {
 			return err
 		}
-		if err := m.experts(mlp+"experts.", experts, func(e int64) (string, string, string) {
-			ex := fmt.Sprintf("%sexperts.%d.", mlp, e)
-			return ex + "gate_proj", ex + "up_proj", ex + "down_proj"
-		}); err != nil {
-			return err
+		routed := func() error {
+			return m.experts(names.routed, experts, 0, func(e int64) (string, string, string) {
+				ex := fmt.Sprintf("%sexperts.%d.", mlp, e)
+				return ex + "gate_proj", ex + "up_proj", ex + "down_proj"
+			})
 		}
 		if m.cfg.architecture() != "Qwen2MoeForCausalLM" {
-			return nil
+			return routed()
 		}
-		if shared, err := m.cfg.int("shared_expert_intermediate_size", 0); err != nil {
+		shared, err := m.cfg.int("shared_expert_intermediate_size", 0)
+		if err != nil {
 			return err
-		} else if shared > 0 {
-			if err := m.mlp(mlp+"shared_expert.", mlp+"shared_expert.", "gate_proj", "up_proj", "down_proj"); err != nil {
-				return err
-			}
 		}
 		// Built whether or not there is a shared expert: a checkpoint without it is refused.
-		return m.replicated(mlp+"shared_expert_gate.weight", mlp+"shared_expert_gate.weight", m.dtype)
+		gate := mlp + "shared_expert_gate.weight"
+		if m.rel.runner == nil {
+			// v0.10.2 registers the experts, the shared expert, then its gate.
+			if err := routed(); err != nil {
+				return err
+			}
+			if shared > 0 {
+				if err := m.mlp(mlp+"shared_expert.", mlp+"shared_expert.", "gate_proj", "up_proj", "down_proj"); err != nil {
+					return err
+				}
+			}
+			return m.replicated(gate, gate, m.dtype)
+		}
+		// The runner line's block registers the shared expert's gate, the shared expert (a
+		// Qwen2MoeMLP holding that gate as expert_gate) and then the experts; the runner
+		// registers the shared expert again, so the gate's smallest name is its expert_gate
+		// under mlp.experts._shared_experts._layer.
+		if shared == 0 {
+			if err := m.replicated(gate, gate, m.dtype); err != nil {
+				return err
+			}
+			return routed()
+		}
+		if err := m.replicated(names.shared+"expert_gate.weight", gate, m.dtype); err != nil {
+			return err
+		}
+		if err := m.sharedExperts(names.shared, mlp+"shared_expert."); err != nil {
+			return err
+		}
+		return routed()
 	})
 }

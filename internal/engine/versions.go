@@ -13,43 +13,90 @@ type release struct {
 	// attentionScales: every Attention and MLAAttention module registers _k_scale, _v_scale,
 	// _q_scale and _prob_scale as persistent F32 scalar buffers, 1.0 unless the checkpoint carries
 	// KV-cache scales (set_default_quant_scales(register_buffer=True) from _init_kv_cache_quant in
-	// vllm/model_executor/layers/attention/attention.py, read at commit 0014ca6b): they are in the
-	// state dict, so ShardedStateLoader saves them and requires them.
+	// vllm/model_executor/layers/attention/attention.py, read at commit 0014ca6b; MLAAttention calls
+	// the same _init_kv_cache_quant in layers/attention/mla_attention.py, read at commit 90b0a26e):
+	// they are in the state dict, so ShardedStateLoader saves them and requires them.
 	attentionScales bool
 	// vocabPaddingLCM: VocabParallelEmbedding pads the vocabulary to lcm(64, TP) rows
 	// (self.padding_size = math.lcm(padding_size, self.tp_size)) instead of 64, so a padded
 	// vocabulary always divides by TP.
 	vocabPaddingLCM bool
+	// runner is how the line's FusedMoE registers a MoE layer's modules; nil where FusedMoE is
+	// itself the module holding the experts (v0.10.2).
+	runner *moeRunner
 	// refused lists architectures the line does not lay out here, each with the reason; a request
 	// for one is a 422 at /layout/engine_version.
 	refused map[string]string
 }
 
-// moeRefusal is why the MoE architectures are not laid out on the newer line: FusedMoE became a
-// factory over MoERunner, whose submodules (router, gate, routed_experts, shared experts) each own
-// a part of the layer's state dict, and the names they save could not be read from one consistent
-// release of vLLM's sources.
-const moeRefusal = "the state-dict names of vLLM's MoERunner layers (routed_experts, its router, gate " +
-	"and shared experts) are not laid out here for this release; engine_version \"0.10\" serves " +
-	"vLLM v0.10.2's FusedMoE names"
+// moeRunner is a line on which FusedMoE is a factory (FusedMoEFactory in
+// vllm/model_executor/layers/fused_moe/layer.py, read at commit 002d6073) returning a MoERunner
+// (runner/moe_runner.py, read at commit 01cb3084) that the model assigns as mlp.experts. The
+// runner registers the expert parameters in its routed_experts submodule (RoutedExperts,
+// fused_moe/routed_experts.py at 002d6073), and registers a second time whatever the model hands
+// it: gate= as runner.gate, shared_experts= wrapped in SharedExperts as
+// runner._shared_experts._layer (runner/shared_experts.py at 01b747c9), and the router's
+// e_score_correction_bias, which RoutedExperts keeps as an attribute and so registers. The router
+// object itself (FusedMoERouter, router/fused_moe_router.py at 030ea52e) is not an nn.Module. The
+// state dict holds every one of these names and _filter_subtensors keeps the smallest, which is
+// the mlp.experts. one. The same line lays out the parallel options these modules read: the
+// sequence-parallel MoE of ParallelConfig.use_sequence_parallel_moe, EPLB's redundant experts,
+// the round-robin expert placement and prefill-context parallelism.
+type moeRunner struct {
+	// gateInRunner lists the architectures whose MoE block passes its router as gate=, so its
+	// weight (and a correction bias it holds) is saved as mlp.experts.gate.*: Qwen3-MoE
+	// (qwen3_moe.py: FusedMoE(gate=self.gate, ...)) and DeepSeek-V2/V3 (deepseek_v2.py at
+	// 002d6073: FusedMoEFactory(shared_experts=self.shared_experts, gate=self.gate, ...)). Mixtral
+	// (mixtral.py at f0e26957), Qwen2-MoE (its FusedMoEFactory call passes shared_experts only)
+	// and GLM-4 MoE (glm4_moe.py: an F32 nn.Linear gate the block calls itself) do not.
+	gateInRunner map[string]bool
+	// sequenceParallelShared lists the architectures whose shared experts are built with
+	// is_sequence_parallel, which replicates them (disable_tp) when the line's sequence-parallel
+	// MoE is on: DeepseekV2MLP(..., is_sequence_parallel=self.is_sequence_parallel) for
+	// DeepseekV2MoE.shared_experts in deepseek_v2.py at 002d6073. Its dense layers' MLPs are
+	// built without it and stay TP-split.
+	sequenceParallelShared map[string]bool
+	// eplb lists the architectures whose model implements MixtureOfExperts and passes
+	// enable_eplb and num_redundant_experts to its FusedMoE; vLLM refuses EPLB for the others.
+	eplb map[string]bool
+}
+
+// newOn029 is why an architecture added on "0.29" is not laid out on "0.10".
+const newOn029 = "this architecture is laid out on engine_version \"0.29\" only"
 
 // releases are the release lines each engine's layouts follow, oldest first. An engine without
 // releases is not versioned.
 var releases = map[string][]release{
 	"vllm": {
 		// vLLM v0.10.2: the rules as the architecture files cite them.
-		{version: "0.10"},
-		// vLLM v0.29.0 (tag at 98dff2a8): the fields below, read at the commits they cite.
+		{version: "0.10", refused: map[string]string{
+			"Glm4MoeForCausalLM": newOn029,
+			"GptOssForCausalLM":  newOn029,
+		}},
+		// vLLM v0.29.0 (tag at 98dff2a8). The index the sources were read from holds no copy at
+		// the tag itself: each field cites the commit of the copy it was read from, the newest
+		// that could be found with the structure the release notes describe.
 		{
 			version:         "0.29",
 			attentionScales: true,
 			vocabPaddingLCM: true,
-			refused: map[string]string{
-				"MixtralForCausalLM":    moeRefusal,
-				"Qwen2MoeForCausalLM":   moeRefusal,
-				"Qwen3MoeForCausalLM":   moeRefusal,
-				"DeepseekV2ForCausalLM": moeRefusal,
-				"DeepseekV3ForCausalLM": moeRefusal,
+			runner: &moeRunner{
+				gateInRunner: map[string]bool{
+					"Qwen3MoeForCausalLM":   true,
+					"DeepseekV2ForCausalLM": true,
+					"DeepseekV3ForCausalLM": true,
+				},
+				sequenceParallelShared: map[string]bool{
+					"DeepseekV2ForCausalLM": true,
+					"DeepseekV3ForCausalLM": true,
+				},
+				eplb: map[string]bool{
+					"MixtralForCausalLM":    true,
+					"Qwen3MoeForCausalLM":   true,
+					"DeepseekV2ForCausalLM": true,
+					"DeepseekV3ForCausalLM": true,
+					"Glm4MoeForCausalLM":    true,
+				},
 			},
 		},
 	},
@@ -71,8 +118,8 @@ func Versions() map[string][]string {
 const MaxVersionLen = 16
 
 // lookupRelease resolves a request's engine_version for an architecture. Empty is the newest line
-// that lays the architecture out (the oldest line of each engine refuses none), so a request that
-// names no line gets the newest rules the server has for its model, and the table says which.
+// that lays the architecture out (every architecture has one), so a request that names no line
+// gets the newest rules the server has for its model, and the table says which.
 func lookupRelease(engine, version, arch string) (*release, error) {
 	rs := releases[engine]
 	if len(rs) == 0 {
@@ -110,4 +157,46 @@ func quoted(vs []string) string {
 		out[i] = fmt.Sprintf("%q", v)
 	}
 	return strings.Join(out, ", ")
+}
+
+// checkParallel refuses the parallel options a line does not lay out, and of those it does what
+// vLLM refuses: ParallelConfig._validate_parallel_config (vllm/config/parallel.py at the v0.29.0
+// tag, read in a copy pinned to 98dff2a8) refuses redundant experts without EPLB, EPLB without
+// expert parallelism or without TP × PCP × DP > 1, and prefill-context with data parallelism;
+// vLLM refuses EPLB for a model that does not implement MixtureOfExperts.
+func (r *release) checkParallel(engine, arch string, p Parallel) error {
+	if r.runner == nil {
+		line := engine
+		if r.version != "" {
+			line += " " + r.version
+		}
+		for _, o := range []struct {
+			set          bool
+			field, value string
+		}{
+			{p.PCP > 1, "prefill_context_parallel_size", fmt.Sprint(p.PCP)},
+			{p.EPLB, "enable_eplb", "true"},
+			{p.RedundantExperts > 0, "num_redundant_experts", fmt.Sprint(p.RedundantExperts)},
+			{p.Placement == "round_robin", "expert_placement_strategy", `"round_robin"`},
+		} {
+			if o.set {
+				return &Error{"/layout/" + o.field, fmt.Sprintf("%s %s is not laid out on %s", o.field, o.value, line)}
+			}
+		}
+		return nil
+	}
+	switch {
+	case p.RedundantExperts > 0 && !p.EPLB:
+		return &Error{"/layout/num_redundant_experts", "redundant experts need enable_eplb (vLLM refuses them without EPLB)"}
+	case p.EPLB && !p.ExpertParallel:
+		return &Error{"/layout/enable_eplb", "EPLB needs enable_expert_parallel (vLLM refuses it without)"}
+	case p.EPLB && p.TP*p.PCP*p.DP == 1:
+		return &Error{"/layout/enable_eplb", "EPLB needs tensor, prefill-context or data parallelism (vLLM refuses it on one rank)"}
+	case p.EPLB && !r.runner.eplb[arch]:
+		return &Error{"/layout/enable_eplb", fmt.Sprintf("vLLM's %s does not support EPLB", arch)}
+	case p.PCP > 1 && p.DP > 1:
+		return &Error{"/layout/prefill_context_parallel_size",
+			"prefill-context parallelism with data_parallel_size > 1 is refused by vLLM 0.29"}
+	}
+	return nil
 }

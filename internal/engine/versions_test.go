@@ -125,21 +125,30 @@ func TestVersionsVocabularyPadding(t *testing.T) {
 	}
 }
 
-// A line that does not lay an architecture out refuses it when named, and a request naming no
-// line gets the newest that does, and says so.
+// A line that does not lay an architecture out refuses it when named, a request naming no line
+// gets the newest that does, and every architecture has one.
 func TestVersionsRefuseWhatTheyDoNotLayOut(t *testing.T) {
-	cfg, infos := mixtralCheckpoint(2, 2, 8, 16, 4, 100, nil)
-	_, err := Build(Spec{Engine: "vllm", Version: "0.29", Parallel: Parallel{TP: 1, DP: 1}}, cfg, infos)
-	if e, ok := err.(*Error); !ok || e.Pointer != "/layout/engine_version" || !strings.Contains(e.Detail, `"0.10"`) {
-		t.Fatalf("Mixtral on 0.29: %v, want a refusal pointing at engine_version \"0.10\"", err)
-	}
-	table, err := Build(Spec{Engine: "vllm", Parallel: Parallel{TP: 1, DP: 1}}, cfg, infos)
-	if err != nil || table.Version != "0.10" {
-		t.Fatalf("Mixtral on the default line: %v %+v, want 0.10", err, table)
-	}
 	for engine, rs := range releases {
-		if len(rs[0].refused) != 0 {
-			t.Errorf("%s's oldest line refuses %v: a request naming no line could find none", engine, rs[0].refused)
+		for _, arch := range Engines()[engine] {
+			refused := 0
+			for _, r := range rs {
+				if _, ok := r.refused[arch]; ok {
+					refused++
+				}
+			}
+			if refused == len(rs) {
+				t.Errorf("%s: no %s line lays out %s", engine, engine, arch)
+			}
+		}
+	}
+	for arch := range releases["vllm"][0].refused {
+		if _, err := lookupRelease("vllm", "0.10", arch); err == nil {
+			t.Errorf("%s on 0.10: laid out, want refused", arch)
+		} else if e := err.(*Error); e.Pointer != "/layout/engine_version" || !strings.Contains(e.Detail, `"0.29"`) {
+			t.Errorf("%s on 0.10: %v, want a refusal at engine_version naming \"0.29\"", arch, err)
+		}
+		if r, err := lookupRelease("vllm", "", arch); err != nil || r.version != "0.29" {
+			t.Errorf("%s on the default line: %v %+v, want 0.29", arch, err, r)
 		}
 	}
 }
