@@ -106,6 +106,24 @@ func (e EngineLayoutEngine) Valid() bool {
 	}
 }
 
+// Defines values for EngineLayoutExpertPlacementStrategy.
+const (
+	Linear     EngineLayoutExpertPlacementStrategy = "linear"
+	RoundRobin EngineLayoutExpertPlacementStrategy = "round_robin"
+)
+
+// Valid indicates whether the value is a known member of the EngineLayoutExpertPlacementStrategy enum.
+func (e EngineLayoutExpertPlacementStrategy) Valid() bool {
+	switch e {
+	case Linear:
+		return true
+	case RoundRobin:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for PiecePlanMode.
 const (
 	Direct PiecePlanMode = "direct"
@@ -251,20 +269,48 @@ type EngineLayout struct {
 	// Dtype The dtype the engine runs in (BF16, F16 or F32); default the checkpoint's torch_dtype. Quantized weights keep theirs.
 	Dtype *DType `json:"dtype,omitempty"`
 
-	// EnableExpertParallel Spread experts over TP x DP ranks instead of splitting every expert by TP.
+	// EnableEplb vLLM's --enable-eplb. Needs enable_expert_parallel, more than one rank, and a model vLLM
+	// balances. The table is the placement vLLM starts from; EPLB moves experts between slots
+	// while it runs, which no layout can know. From "0.29" on.
+	EnableEplb *bool `json:"enable_eplb,omitempty"`
+
+	// EnableExpertParallel Spread experts over the TP x PCP x DP ranks instead of splitting every expert over them.
 	EnableExpertParallel *bool              `json:"enable_expert_parallel,omitempty"`
 	Engine               EngineLayoutEngine `json:"engine"`
 
 	// EngineVersion The engine's release line whose rules the table follows ("0.29", "0.10" for vLLM);
 	// default the newest line the server lays out. A version the server does not know is a
 	// 422 listing the known ones. Megatron layouts are not versioned.
-	EngineVersion      *string `json:"engine_version,omitempty"`
-	TensorParallelSize *int64  `json:"tensor_parallel_size,omitempty"`
-	TpRank             *int64  `json:"tp_rank,omitempty"`
+	EngineVersion *string `json:"engine_version,omitempty"`
+
+	// ExpertPlacementStrategy vLLM's --expert-placement-strategy: "linear" gives each EP rank a contiguous run of
+	// experts, "round_robin" deals them out (rank r holds r, r + n, ...), as vLLM applies it
+	// (grouped-top-k models without redundant experts; otherwise vLLM falls back to linear).
+	// From "0.29" on.
+	ExpertPlacementStrategy *EngineLayoutExpertPlacementStrategy `json:"expert_placement_strategy,omitempty"`
+
+	// NumRedundantExperts vLLM's eplb_config.num_redundant_experts: extra physical expert slots, slot E+j holding
+	// logical expert j, spread with the others over the EP ranks. Needs enable_eplb, as vLLM
+	// refuses it without. From "0.29" on.
+	NumRedundantExperts *int64 `json:"num_redundant_experts,omitempty"`
+	PcpRank             *int64 `json:"pcp_rank,omitempty"`
+
+	// PrefillContextParallelSize vLLM's --prefill-context-parallel-size: its ranks hold the attention and dense weights of
+	// their TP rank and join the MoE group (EP spans TP x PCP x DP). Refused with DP > 1, as vLLM
+	// does. From "0.29" on.
+	PrefillContextParallelSize *int64 `json:"prefill_context_parallel_size,omitempty"`
+	TensorParallelSize         *int64 `json:"tensor_parallel_size,omitempty"`
+	TpRank                     *int64 `json:"tp_rank,omitempty"`
 }
 
 // EngineLayoutEngine defines model for EngineLayout.Engine.
 type EngineLayoutEngine string
+
+// EngineLayoutExpertPlacementStrategy vLLM's --expert-placement-strategy: "linear" gives each EP rank a contiguous run of
+// experts, "round_robin" deals them out (rank r holds r, r + n, ...), as vLLM applies it
+// (grouped-top-k models without redundant experts; otherwise vLLM falls back to linear).
+// From "0.29" on.
+type EngineLayoutExpertPlacementStrategy string
 
 // FieldError defines model for FieldError.
 type FieldError struct {

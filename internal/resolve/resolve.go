@@ -220,7 +220,10 @@ func (r *Resolver) build(ctx context.Context, ck *checkpoint.Checkpoint, l api.E
 	spec := engine.Spec{Engine: string(l.Engine), Version: orDefault(l.EngineVersion, ""), Parallel: engine.Parallel{
 		TP: orDefault(l.TensorParallelSize, 1), TPRank: orDefault(l.TpRank, 0),
 		DP: orDefault(l.DataParallelSize, 1), DPRank: orDefault(l.DpRank, 0),
-		ExpertParallel: orDefault(l.EnableExpertParallel, false)}}
+		PCP: orDefault(l.PrefillContextParallelSize, 1), PCPRank: orDefault(l.PcpRank, 0),
+		ExpertParallel: orDefault(l.EnableExpertParallel, false),
+		EPLB:           orDefault(l.EnableEplb, false), RedundantExperts: orDefault(l.NumRedundantExperts, 0),
+		Placement: string(orDefault(l.ExpertPlacementStrategy, api.Linear))}}
 	if l.Dtype != nil {
 		spec.DType = *l.Dtype
 	}

@@ -106,3 +106,38 @@ func fetchSafetensors(t *testing.T, h *harness, layout map[string]any, version, 
 	}
 	return vrefParseSafetensors(t, res.body)
 }
+
+// TestMoELayoutFieldsThroughTheServer: the layout fields of vLLM's EPLB, expert placement and
+// prefill-context parallelism reach the engine from every route, and what vLLM refuses is a 422 at
+// the field to change.
+func TestMoELayoutFieldsThroughTheServer(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, planner.DefaultOptions(), st, localPut(t, dir))
+	vrefPut(t, h, "deepseekv3", "deepseekv3")
+	for _, c := range []struct {
+		layout        map[string]any
+		pointer, want string
+	}{
+		{map[string]any{"tensor_parallel_size": 2, "enable_expert_parallel": true, "num_redundant_experts": 2},
+			"/layout/num_redundant_experts", "enable_eplb"},
+		{map[string]any{"num_redundant_experts": -1}, "/layout/num_redundant_experts", "must be in"},
+		{map[string]any{"tensor_parallel_size": 2, "enable_eplb": true}, "/layout/enable_eplb", "enable_expert_parallel"},
+		{map[string]any{"enable_expert_parallel": true, "enable_eplb": true}, "/layout/enable_eplb", "one rank"},
+		{map[string]any{"expert_placement_strategy": "diagonal"}, "/layout/expert_placement_strategy", "round_robin"},
+		{map[string]any{"prefill_context_parallel_size": 2, "data_parallel_size": 2},
+			"/layout/prefill_context_parallel_size", "data_parallel_size"},
+		{map[string]any{"prefill_context_parallel_size": 2, "pcp_rank": 2}, "/layout/pcp_rank", "not in [0, 2)"},
+		{map[string]any{"engine_version": "0.10", "tensor_parallel_size": 2, "enable_expert_parallel": true,
+			"enable_eplb": true}, "/layout/enable_eplb", `not laid out on vllm 0.10`},
+	} {
+		c.layout["engine"] = "vllm"
+		for _, route := range layoutRoutes {
+			res := h.do("POST", route, map[string]any{"checkpoint": "deepseekv3", "layout": c.layout})
+			wantProblem(t, fmt.Sprintf("%s %v", route, c.layout), res, c.pointer, c.want)
+		}
+	}
+}
