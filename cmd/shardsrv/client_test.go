@@ -137,7 +137,7 @@ func TestLayoutCommand(t *testing.T) {
 		!strings.HasPrefix(lines[len(lines)-1], "total") {
 		t.Fatalf("table:\n%s", out.String())
 	}
-	if !strings.Contains(out.String(), "model.layers.1.mlp.experts.w13_weight") ||
+	if !strings.Contains(out.String(), "model.layers.1.mlp.experts.routed_experts.w13_weight") ||
 		strings.Fields(lines[1])[1] != "F32" {
 		t.Errorf("table:\n%s", out.String())
 	}
@@ -172,7 +172,7 @@ func TestPlanPicksUnitsBySize(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := out.String()
-	if !strings.Contains(s, "model.layers.1.mlp.experts.w13_weight") || !strings.Contains(s, "16.0 KiB") ||
+	if !strings.Contains(s, "model.layers.1.mlp.experts.routed_experts.w13_weight") || !strings.Contains(s, "16.0 KiB") ||
 		!strings.Contains(s, "128 B") ||
 		strings.Contains(s, "0.0 MiB") ||
 		!strings.Contains(s, "amplification") {

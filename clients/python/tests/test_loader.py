@@ -214,8 +214,8 @@ class Equivalence(LiveCheckpoints):
                     report = loader.load_model_weights(model, self.client, checkpoint)
                     self.assertEqual(report.fallbacks, [])
                     got = {server_name(n): b for n, b in state(model).items() if b}
-                    layout = {"engine": "vllm", "tensor_parallel_size": tp, "tp_rank": r,
-                              "enable_expert_parallel": ep}
+                    layout = {"engine": "vllm", "engine_version": "0.10", "tensor_parallel_size": tp,
+                              "tp_rank": r, "enable_expert_parallel": ep}
                     parsed, _ = shardsrv.parse_safetensors(self.client.fetch(checkpoint, layout=layout,
                                                                              format="safetensors"))
                     want = {n: bytes(buf) for n, (_, _, buf) in parsed.items()}
