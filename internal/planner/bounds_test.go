@@ -371,36 +371,46 @@ func TestPlanningStopsAtTheFirstLookAfterCancel(t *testing.T) {
 	}
 }
 
-// A real cancellation in the middle of planning a million blocks returns promptly (the goal is
-// 100 ms; the bound is generous for the race detector on a busy machine).
+// cancelAt is a real cancellable context that planning's look number at cancels, just before
+// the look reads it: a cancellation that lands mid-planning at a known point, however slowly the
+// machine runs.
+type cancelAt struct {
+	context.Context
+	cancel    context.CancelFunc
+	at, looks int
+}
+
+func (c *cancelAt) Err() error {
+	if c.looks++; c.looks == c.at {
+		c.cancel()
+	}
+	return c.Context.Err()
+}
+
+// A real cancellation in the middle of planning a quarter of a million blocks stops planning at
+// the look that finds it, in whichever phase it lands. Planning looks every checkEvery units of
+// work (well under 100 ms), so promptly is held here in looks, which a loaded machine cannot
+// change, rather than in wall time, which it can.
 func TestCancelledPlanningReturnsPromptly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("plans a quarter of a million blocks")
 	}
 	req, ck := columns(1 << 17)
 	points(req, 1<<17)
-	for _, after := range []time.Duration{20 * time.Millisecond, 150 * time.Millisecond} {
+	whole := newChecker(context.Background())
+	if _, err := newPlan(whole, req, ck, DefaultOptions()); err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []int{1, whole.checks / 10, whole.checks / 2, whole.checks - 1} {
 		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() {
-			_, err := NewContext(ctx, req, ck, DefaultOptions())
-			done <- err
-		}()
-		time.Sleep(after)
-		at := time.Now()
+		real := &cancelAt{Context: ctx, cancel: cancel, at: at}
+		p, err := NewContext(real, req, ck, DefaultOptions())
 		cancel()
-		select {
-		case err := <-done:
-			if err != nil && !errors.Is(err, context.Canceled) {
-				t.Fatal(err)
-			}
-			if took := time.Since(at); took > time.Second {
-				t.Errorf("planning took %v to stop", took)
-			} else {
-				t.Logf("cancelled after %v: stopped %v later (%v)", after, took, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("planning did not stop")
+		if !errors.Is(err, context.Canceled) || p != nil {
+			t.Fatalf("cancelled at look %d of %d: %v", at, whole.checks, err)
+		}
+		if real.looks != at {
+			t.Errorf("cancelled at look %d of %d: planning looked %d times", at, whole.checks, real.looks)
 		}
 	}
 }

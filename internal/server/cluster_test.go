@@ -279,11 +279,15 @@ func TestClusterSurvivesAReplicaKilledMidFanIn(t *testing.T) {
 	before := c.origin()
 	c.fanIn("m", data, func() { c.kill(2) })
 	ratio := float64(c.origin()-before) / float64(len(file))
-	t.Logf("one of 3 replicas killed mid fan-in: storage read %.3f× the file", ratio)
-	// The killed replica's share, about a third, is read again by the survivors, and what it was
-	// reading when it died is lost: nothing else may be read twice.
-	if ratio > 1.5 {
-		t.Errorf("storage read %.3f× the unique bytes with a replica killed (goal ≤ 1.5×)", ratio)
+	// What the killed replica read from storage before it died — its stripes' share of the ring,
+	// which the replicas' ports decide, and as much of it as the fan-in had reached — is lost with
+	// its cache and read again by the survivors: nothing else may be read twice.
+	lost := float64(c.replicas[2].storage.Bytes()) / float64(len(file))
+	t.Logf("one of 3 replicas killed mid fan-in: storage read %.3f× the file, %.3f× by the killed replica",
+		ratio, lost)
+	if ratio > 1.1+lost {
+		t.Errorf("storage read %.3f× the unique bytes with a replica killed that had read %.3f× (goal ≤ 1.1× + that)",
+			ratio, lost)
 	}
 }
 
