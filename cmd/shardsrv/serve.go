@@ -219,7 +219,7 @@ func serve(args []string, stderr io.Writer) error {
 		log.Warn("no --trust-key: signatures are not checked", "verify", string(c.verify.Mode))
 	}
 	if verifier.Mode() != verify.ModeOff {
-		st = verifier
+		st = verifier.AsStore()
 	}
 	var tokens *server.Tokens
 	if c.tokensFile != "" {

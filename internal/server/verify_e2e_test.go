@@ -46,7 +46,7 @@ func signedLocal(t *testing.T) (st store.Store, put func(key string, data []byte
 	write := localPut(t, dir)
 	v := verify.New(local, verify.ModeRequired, []crypto.PublicKey{key.Public()}, nil)
 	v.Revalidate = 0 // tests replace files and signatures back to back
-	return v, func(k string, data []byte) {
+	return v.AsStore(), func(k string, data []byte) {
 		write(k, data)
 		folder, _, _ := strings.Cut(k, "/")
 		sign(t, filepath.Join(dir, folder), key)

@@ -29,8 +29,9 @@ type Store interface {
 // Sectioner is a store that can write byte ranges of a file out itself, so bytes a response
 // does not change need not be copied into a buffer of the caller's: a local file goes to a socket
 // by sendfile, cached chunks are written from the cache. A store without it (an object store) is
-// read with ReadAt into read-ahead buffers; a wrapper implements it only over a store that does,
-// and never when it must see every byte (a verifying store).
+// read with ReadAt into read-ahead buffers; a wrapper implements it only over a store that does
+// (a verifying store hashes a shard's bytes before its first section, then trusts the file's
+// version).
 type Sectioner interface {
 	// Section pins ranges of one version of key, to be written out in order by the Section. It
 	// checks what it can at once (the key, the version, the ranges against the size), so a

@@ -17,8 +17,13 @@
 //     chunks, and what it holds was verified when it was filled: hits are not hashed again.
 //   - A "files" manifest is checked once per file version on first use, by one read of the whole
 //     file (the slow path); the verdict is kept and every read of that version then passes.
-//
-// It never implements store.Sectioner: bytes that are verified pass through memory.
+//   - Over files on this host (a store.Sectioner below), a shard that hashed as signed keeps that
+//     verdict for the file's version (verdicts.go), and later reads of it are not hashed again:
+//     ReadAt reads just the bytes asked for, and Section (AsStore) sends them from the file, by
+//     sendfile to a socket. The first Section of a shard reads and hashes it before the section
+//     is made. The verdict trusts the local store's version (size, mtime, ctime, inode), which
+//     every write changes; over an object store, whose storage the signature does not trust,
+//     every read is hashed.
 package verify
 
 import (
@@ -147,16 +152,105 @@ type Store struct {
 	Reserve func(ctx context.Context, n int64) (release func(n int64), err error)
 
 	signatures *lru.Cache[string, *signature] // folder → its model.sig, verified
-	verdicts   *lru.Cache[string, struct{}]   // key@version of files-manifest files that checked out
+	verdicts   *verdicts
+	keepShards bool // whether shard verdicts are kept: the store wrapped reads files on this host
 	group      singleflight.Group
 
 	verified, failures, hashNanos atomic.Int64
 }
 
 var (
-	_ store.Store   = (*Store)(nil)
-	_ store.Aligner = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Aligner   = (*Store)(nil)
+	_ store.Sectioner = (*SectionStore)(nil)
 )
+
+// AsStore is the store to read through: s, or over a store.Sectioner (files on this host) a
+// *SectionStore, which sends shards by the store wrapped once they are found intact.
+func (s *Store) AsStore() store.Store {
+	if sc, ok := s.inner.(store.Sectioner); ok {
+		return &SectionStore{Store: s, next: sc}
+	}
+	return s
+}
+
+// SectionStore is Store over a store.Sectioner, and one itself: a section's shards are hashed
+// once per file version, and the bytes are then sent from the file (by sendfile to a socket)
+// instead of through memory.
+type SectionStore struct {
+	*Store
+	next store.Sectioner
+}
+
+// Section implements store.Sectioner: the shards under ranges that have no verdict yet are read
+// and hashed now, and a mismatch fails the section before a byte is written.
+func (s *SectionStore) Section(ctx context.Context, key, version string, ranges []store.Range) (store.Section, error) {
+	t, pass, err := s.target(ctx, key, version)
+	if err != nil {
+		return nil, err
+	}
+	if !pass {
+		if err := s.checkRanges(ctx, key, t, ranges); err != nil {
+			return nil, err
+		}
+	}
+	return s.next.Section(ctx, key, t.fileVersion, ranges)
+}
+
+// SectionMemory implements store.Sectioner. The shards hashed in Section are charged while they
+// are (Reserve): a section holds nothing once it is made.
+func (s *SectionStore) SectionMemory(n int64) int64 { return s.next.SectionMemory(n) }
+
+// checkBytes bounds one read of shards to hash in checkRanges: enough for the cores to share
+// (Manifest.Check hashes a read's shards in parallel), little to hold.
+const checkBytes = 8 << 20
+
+// checkRanges hashes the shards under ranges that have no verdict, a run of consecutive ones a
+// read of at most checkBytes, each held against the budget while it is hashed.
+func (s *Store) checkRanges(ctx context.Context, key string, t target, ranges []store.Range) error {
+	m := t.sig.manifest
+	shard := m.ShardSize()
+	size, _ := m.Size(t.file)
+	var todo []int64
+	for _, r := range ranges {
+		off2, n2, err := m.Align(t.file, r.Offset, r.Length)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", store.ErrOutOfRange, key, err)
+		}
+		if n2 > 0 {
+			todo = append(todo, s.verdicts.unchecked(t.id, off2/shard, (off2+n2-1)/shard)...)
+		}
+	}
+	slices.Sort(todo)
+	todo = slices.Compact(todo)
+	for len(todo) > 0 {
+		k := 1
+		for k < len(todo) && todo[k] == todo[k-1]+1 && int64(k+1)*shard <= checkBytes {
+			k++
+		}
+		off, end := todo[0]*shard, min((todo[k-1]+1)*shard, size)
+		if err := s.reserved(ctx, end-off, func() error {
+			return s.readChecked(ctx, key, t, make([]byte, end-off), off)
+		}); err != nil {
+			return err
+		}
+		todo = todo[k:]
+	}
+	return nil
+}
+
+// reserved runs fn holding n bytes against the budget, when there is one.
+func (s *Store) reserved(ctx context.Context, n int64, fn func() error) error {
+	if s.Reserve == nil {
+		return fn()
+	}
+	release, err := s.Reserve(ctx, n)
+	if err != nil {
+		return err
+	}
+	defer release(n)
+	return fn()
+}
 
 // signature is what a folder's model.sig said when it was last looked at.
 type signature struct {
@@ -174,9 +268,9 @@ func New(inner store.Store, mode Mode, keys []crypto.PublicKey, mp metric.MeterP
 		mode = ModeOff
 	}
 	sigs, _ := lru.New[string, *signature](1024)
-	verdicts, _ := lru.New[string, struct{}](16384)
 	s := &Store{inner: inner, mode: mode, keys: keys, Revalidate: 5 * time.Second,
-		signatures: sigs, verdicts: verdicts}
+		signatures: sigs, verdicts: newVerdicts()}
+	_, s.keepShards = inner.(store.Sectioner)
 	s.observe(mp)
 	return s
 }
@@ -226,57 +320,107 @@ func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 	return info, nil
 }
 
-// ReadAt implements store.Store: p is filled only with bytes that hashed as signed.
+// ReadAt implements store.Store: p is filled only with bytes that hashed as signed, now or, for
+// a local file, earlier at the same version (verdicts).
 func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
-	fileVersion, sigID, signed := strings.Cut(version, versionSep)
-	if err := store.ValidateKey(key); err != nil {
-		return err
-	}
-	if s.exempt(key) || len(p) == 0 {
-		return s.inner.ReadAt(ctx, key, fileVersion, p, off)
-	}
-	sig, file, err := s.signatureOf(ctx, key, false)
-	if err != nil {
-		return err
-	}
-	switch {
-	case sig == nil && !signed:
-		return s.inner.ReadAt(ctx, key, version, p, off)
-	case version != "" && (sig == nil || sigID != sig.id):
-		return fmt.Errorf("%w: the signature of %s changed", store.ErrChanged, key)
-	}
-	m := sig.manifest
-	if !m.Covers(file) {
-		if _, err := s.inner.Stat(ctx, key); err != nil || m.Ignored(file) {
-			return errors.Join(err, s.inner.ReadAt(ctx, key, fileVersion, p, off))
-		}
-		return fmt.Errorf("%w: the signature does not cover %s", store.ErrUnverified, key)
-	}
-	if m.Method() == oms.MethodFiles {
-		if err := s.checkWhole(ctx, key, fileVersion, file, m); err != nil {
+	if len(p) == 0 {
+		fileVersion, _, _ := strings.Cut(version, versionSep)
+		if err := store.ValidateKey(key); err != nil {
 			return err
 		}
 		return s.inner.ReadAt(ctx, key, fileVersion, p, off)
 	}
-	off2, n2, err := m.Align(file, off, int64(len(p)))
+	t, pass, err := s.target(ctx, key, version)
+	if err != nil {
+		return err
+	}
+	if pass {
+		return s.inner.ReadAt(ctx, key, t.fileVersion, p, off)
+	}
+	m := t.sig.manifest
+	off2, n2, err := m.Align(t.file, off, int64(len(p)))
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", store.ErrOutOfRange, key, err)
+	}
+	if s.keepShards && t.id != "" && len(s.verdicts.unchecked(t.id, off2/m.ShardSize(), (off2+n2-1)/m.ShardSize())) == 0 {
+		return s.inner.ReadAt(ctx, key, t.fileVersion, p, off)
 	}
 	buf := p
 	if off2 != off || n2 != int64(len(p)) {
 		buf = make([]byte, n2)
 	}
-	if err := s.inner.ReadAt(ctx, key, fileVersion, buf, off2); err != nil {
-		return err
-	}
-	if err := s.check(key, func() error { return m.Check(file, off2, buf) }, n2); err != nil {
-		if now, _, rerr := s.signatureOf(ctx, key, true); rerr == nil && (now == nil || now.id != sig.id) {
-			return fmt.Errorf("%w: the signature of %s changed", store.ErrChanged, key) // re-published
-		}
+	if err := s.readChecked(ctx, key, t, buf, off2); err != nil {
 		return err
 	}
 	if &buf[0] != &p[0] {
 		copy(p, buf[off-off2:])
+	}
+	return nil
+}
+
+// target is what the reads of one key at one version are checked against.
+type target struct {
+	fileVersion string     // the version in the store wrapped
+	sig         *signature // the signature that covers the file
+	file        string     // the key relative to the signed folder
+	id          string     // its verdicts' id; "" for a read at no version, which keeps none
+}
+
+// target finds what a read of key at version is checked against; pass is set when it is read
+// as stored, with nothing (more) to check: the key is exempt, unsigned where that is allowed,
+// ignored by its signature, or a files-manifest file that checked out whole.
+func (s *Store) target(ctx context.Context, key, version string) (t target, pass bool, err error) {
+	fileVersion, sigID, signed := strings.Cut(version, versionSep)
+	if err := store.ValidateKey(key); err != nil {
+		return t, false, err
+	}
+	t.fileVersion = fileVersion
+	if s.exempt(key) {
+		return t, true, nil
+	}
+	sig, file, err := s.signatureOf(ctx, key, false)
+	if err != nil {
+		return t, false, err
+	}
+	switch {
+	case sig == nil && !signed:
+		return t, true, nil
+	case version != "" && (sig == nil || sigID != sig.id):
+		return t, false, fmt.Errorf("%w: the signature of %s changed", store.ErrChanged, key)
+	}
+	if fileVersion != "" {
+		t.id = verdictID(key, version)
+	}
+	t.sig, t.file = sig, file
+	m := sig.manifest
+	if !m.Covers(file) {
+		if _, err := s.inner.Stat(ctx, key); err != nil || m.Ignored(file) {
+			return t, err == nil, err
+		}
+		return t, false, fmt.Errorf("%w: the signature does not cover %s", store.ErrUnverified, key)
+	}
+	if m.Method() == oms.MethodFiles {
+		return t, true, s.checkWhole(ctx, key, t, m)
+	}
+	return t, false, nil
+}
+
+// readChecked fills buf, whole signed shards from off, with bytes that hash as signed, and keeps
+// the verdict where verdicts are kept.
+func (s *Store) readChecked(ctx context.Context, key string, t target, buf []byte, off int64) error {
+	if err := s.inner.ReadAt(ctx, key, t.fileVersion, buf, off); err != nil {
+		return err
+	}
+	n := int64(len(buf))
+	if err := s.check(key, func() error { return t.sig.manifest.Check(t.file, off, buf) }, n); err != nil {
+		if now, _, rerr := s.signatureOf(ctx, key, true); rerr == nil && (now == nil || now.id != t.sig.id) {
+			return fmt.Errorf("%w: the signature of %s changed", store.ErrChanged, key) // re-published
+		}
+		return err
+	}
+	if s.keepShards && t.id != "" {
+		shard := t.sig.manifest.ShardSize()
+		s.verdicts.markShards(t.id, off/shard, (off+n-1)/shard)
 	}
 	return nil
 }
@@ -310,21 +454,22 @@ func (s *Store) check(key string, compare func() error, n int64) error {
 }
 
 // checkWhole verifies a files-manifest file once per version: one read of all of it.
-func (s *Store) checkWhole(ctx context.Context, key, version, file string, m *oms.Manifest) error {
-	id := key + "@" + version
-	if _, ok := s.verdicts.Get(id); ok {
+func (s *Store) checkWhole(ctx context.Context, key string, t target, m *oms.Manifest) error {
+	if t.id != "" && s.verdicts.whole(t.id) {
 		return nil
 	}
-	_, err, _ := s.group.Do("whole:"+id, func() (any, error) {
+	_, err, _ := s.group.Do("whole:"+verdictID(key, t.fileVersion)+versionSep+t.sig.id, func() (any, error) {
 		info, err := s.inner.Stat(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		r := store.ReaderAt(context.WithoutCancel(ctx), s.inner, key, version)
-		if err := s.check(key, func() error { return m.CheckFile(file, r, info.Size) }, info.Size); err != nil {
+		r := store.ReaderAt(context.WithoutCancel(ctx), s.inner, key, t.fileVersion)
+		if err := s.check(key, func() error { return m.CheckFile(t.file, r, info.Size) }, info.Size); err != nil {
 			return nil, err
 		}
-		s.verdicts.Add(id, struct{}{})
+		if t.id != "" {
+			s.verdicts.markWhole(t.id)
+		}
 		return nil, nil
 	})
 	return err
@@ -426,24 +571,22 @@ func (s *Store) loadSignature(ctx context.Context, dir string, prev *signature) 
 		return nil, fmt.Errorf("%w: %s is %d bytes, more than the %d a signature may have",
 			store.ErrUnverified, key, info.Size, MaxSignatureBytes)
 	}
-	if s.Reserve != nil {
-		cost := info.Size * signatureMemoryFactor
-		release, err := s.Reserve(ctx, cost)
-		if err != nil {
-			return nil, err
-		}
-		defer release(cost)
-	}
-	data := make([]byte, info.Size)
-	if err := s.inner.ReadAt(ctx, key, info.Version, data, 0); err != nil {
-		return nil, err
-	}
 	sig := &signature{at: now, found: true, version: info.Version}
-	if sig.manifest, err = oms.Verify(data, s.keys); err != nil {
-		sig.err = fmt.Errorf("%w: %s: %v", store.ErrUnverified, key, err)
-	} else {
-		subject := sig.manifest.SubjectDigest()
-		sig.id = hex.EncodeToString(subject[:8])
+	if err := s.reserved(ctx, info.Size*signatureMemoryFactor, func() error {
+		data := make([]byte, info.Size)
+		if err := s.inner.ReadAt(ctx, key, info.Version, data, 0); err != nil {
+			return err
+		}
+		var err error
+		if sig.manifest, err = oms.Verify(data, s.keys); err != nil {
+			sig.err = fmt.Errorf("%w: %s: %v", store.ErrUnverified, key, err)
+		} else {
+			subject := sig.manifest.SubjectDigest()
+			sig.id = hex.EncodeToString(subject[:8])
+		}
+		return nil
+	}); err != nil {
+		return nil, err
 	}
 	s.signatures.Add(dir, sig)
 	return sig, nil
