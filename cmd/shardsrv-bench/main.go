@@ -36,7 +36,7 @@ var (
 	only = flag.String(
 		"only",
 		"",
-		"run only these scenarios (comma-separated: control,kernels,transpose,local,s3,gcs,azure,cluster); the report holds just them",
+		"run only these scenarios (comma-separated: control,kernels,transpose,local,verify,s3,gcs,azure,cluster; local includes verify); the report holds just them",
 	)
 )
 
@@ -77,10 +77,12 @@ func main() {
 	if want("transpose") {
 		transposeScenario(r, bin)
 	}
-	if want("local") {
+	if want("local") || want("verify") {
 		log.Printf("writing a 2 GiB checkpoint to %s", dir)
 		writeBig(filepath.Join(dir, "store", "big"))
-		localScenarios(r, bin, filepath.Join(dir, "store"))
+		if want("local") {
+			localScenarios(r, bin, filepath.Join(dir, "store"))
+		}
 		verifyScenario(r, bin, filepath.Join(dir, "store"))
 	}
 	if want("s3") {
