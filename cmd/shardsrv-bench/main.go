@@ -67,7 +67,7 @@ func main() {
 	}
 	bin := filepath.Join(dir, "shardsrv")
 	run("go", "build", "-o", bin, "./cmd/shardsrv")
-	r := &report{}
+	r := &report{load: loadAverage()}
 	if want("control") {
 		controlPlaneScenario(r)
 	}
@@ -93,6 +93,10 @@ func main() {
 	}
 	if want("cluster") {
 		clusterScenarios(r, bin, dir)
+	}
+	log.Printf("goals (load average %s at the start, %s now):", r.load, loadAverage())
+	for _, g := range r.goals {
+		log.Printf("  %-58s %-34s %-46s %-8s %s", g.scenario, g.shardsrv, g.baseline, g.ratio, g.goal)
 	}
 	if err := os.WriteFile(*out, []byte(r.markdown()), 0o644); err != nil {
 		log.Fatal(err)
@@ -376,6 +380,10 @@ func localScenarios(r *report, bin, store string) {
 	srv.stop()
 	copying.stop()
 	stop()
+	r.goal(goal{"1 GiB direct shard, local, default flags (digest on)", throughput(gib, dirOn),
+		"plain handler from RAM: " + throughput(gib, base), fmt.Sprintf("%.2f×", ratio(base, dirOn)), "≥ 0.6×"})
+	r.goal(goal{"the same, digest declined", throughput(gib, dirOff),
+		"plain handler from RAM: " + throughput(gib, base), fmt.Sprintf("%.2f×", ratio(base, dirOff)), "≥ 0.9×"})
 	r.add(
 		"Local store, 1 GiB direct-path shard (row slab of a BF16 tensor), warm page cache, loopback, "+
 			"curl as the client",
@@ -468,6 +476,9 @@ func concurrentStreams(r *report, bin, store string) {
 		if !digest {
 			what = "digest declined"
 		}
+		r.goal(goal{fmt.Sprintf("%d concurrent 64 MiB streams, defaults, %s", clients, what),
+			fmt.Sprintf("statuses %v, peak RSS %d MiB", statuses, rss>>20), "–", "–",
+			"no 503, peak RSS ≤ the budget (1536 MiB)"})
 		rows = append(rows, row{
 			fmt.Sprintf("%d clients at once, a 64 MiB direct shard each, %s", clients, what),
 			fmt.Sprintf("statuses %v in %.1f s (%.2f GB/s)", statuses, took.Seconds(),
@@ -496,7 +507,28 @@ type section struct {
 	rows  []row
 }
 
-type report struct{ sections []section }
+// goal is one line of the summary: a scenario of the goals table, shardsrv and its baseline
+// from the same run, their ratio and the goal.
+type goal struct{ scenario, shardsrv, baseline, ratio, goal string }
+
+type report struct {
+	goals    []goal
+	sections []section
+	load     string // /proc/loadavg when the run started
+}
+
+// goal adds a line to the summary at the top of the report.
+func (r *report) goal(g goal) { r.goals = append(r.goals, g) }
+
+// loadAverage is the 1, 5 and 15 minute load averages, for the report: on a shared machine the
+// ratios mean more than the rates, and the load says how shared.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(data))[:3], " ")
+}
 
 func (r *report) add(title string, rows ...row) {
 	r.sections = append(r.sections, section{title, rows})
@@ -527,6 +559,15 @@ func (r *report) markdown() string {
 		"compared with (one of each in turn), so the ratios are what counts. Where a goal is not met, "+
 		"[performance.md](performance.md) says where the time goes and what would close it.\n\n",
 		runtime.NumCPU(), cpu, runtime.Version(), runtime.GOOS, runtime.GOARCH, *reps)
+	if len(r.goals) > 0 {
+		fmt.Fprintf(&b, "## The goals, side by side (load average %s at the start, %s at the end)\n\n"+
+			"| scenario | shardsrv | baseline in the same run | ratio | goal |\n|---|---|---|---|---|\n",
+			r.load, loadAverage())
+		for _, g := range r.goals {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", g.scenario, g.shardsrv, g.baseline, g.ratio, g.goal)
+		}
+		b.WriteString("\n")
+	}
 	for _, s := range r.sections {
 		fmt.Fprintf(&b, "## %s\n\n| | measured | note |\n|---|---|---|\n", s.title)
 		for _, x := range s.rows {

@@ -101,6 +101,8 @@ func parallel(size int64, read func(ctx context.Context, off, n int64, p []byte)
 }
 
 func storeRows(r *report, title, sdk string, size int64, base, got []time.Duration) {
+	r.goal(goal{"512 MiB from " + title, throughput(size, got), sdk + ": " + throughput(size, base),
+		fmt.Sprintf("%.2f×", ratio(base, got)), "≥ 0.8×"})
 	r.add(title+": one 512 MiB direct shard",
 		row{fmt.Sprintf("%s, parallel ranged download of the same bytes (%d MiB parts, %d in flight)", sdk,
 			sdkPart>>20, sdkConcurrency), throughput(size, base), ""},

@@ -321,6 +321,10 @@ func podsScenario(r *report, bin string, g *s3test.Gateway, env []string) {
 	stop()
 	base, off, on := ds[0], ds[1], ds[2]
 	wall := func(ds []time.Duration) string { return fmt.Sprintf("%.0f ms wall", ds[len(ds)/2].Seconds()*1000) }
+	r.goal(goal{"64 pods × 32 MiB over S3, default flags (digest on), wall time", wall(on),
+		"plain handler 64 × 32 MiB: " + wall(base), fmt.Sprintf("%.2f×", 1/ratio(base, on)), "≤ 1.5×"})
+	r.goal(goal{"the same, digest declined", wall(off), "plain handler 64 × 32 MiB: " + wall(base),
+		fmt.Sprintf("%.2f×", 1/ratio(base, off)), "≤ 1.3×"})
 	r.add(
 		"64 pods × their 32 MiB row slab of one 256 MiB BF16 weight over S3 (versitygw on loopback), all at once, "+
 			"curl as the client",

@@ -35,6 +35,10 @@ func transposeScenario(r *report, bin string) {
 		func() { curl(shards, direct, size) },
 		func() { curl(shards, transposed, size) },
 	)
+	r.goal(goal{"4096 × 4096 BF16 transpose through HTTP, digest declined", throughput(size, ds[1]),
+		"direct path: " + throughput(size, ds[0]), fmt.Sprintf("%.2f×", ratio(ds[0], ds[1])), "≥ 0.5×"})
+	r.goal(goal{"the same, Repr-Digest trailer (the defaults)", throughput(size, ds[3]),
+		"direct path with the trailer: " + throughput(size, ds[2]), fmt.Sprintf("%.2f×", ratio(ds[2], ds[3])), "≥ 0.5×"})
 	r.add("Transpose: a whole 4096 × 4096 BF16 tensor (32 MiB) from a local file in the page cache, loopback, "+
 		"curl as the client",
 		row{"direct path (the tensor as stored), digest declined", throughput(size, ds[0]), ""},
