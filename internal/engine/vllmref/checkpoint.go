@@ -24,6 +24,11 @@ var Variants = []string{
 	"deepseekv3-fp8",
 }
 
+// SparseMoEVariants lists MoE checkpoints whose every layer is sparse, the shape of the released
+// Qwen3-MoE models (decoder_sparse_step 1, no mlp_only_layers); they are not in Variants, whose
+// qwen3moe mixes dense and sparse layers.
+var SparseMoEVariants = []string{"qwen3moe-sparse"}
+
 // The tiny sizes every variant shares. 8 query heads and 2 KV heads let TP 1, 2, 4 and 8 all work
 // (TP 4 and 8 replicate the KV heads); a head_dim of 16 differs from hidden/heads (8) for the
 // models that read head_dim; vocab 1100 is not a multiple of 64*TP, so the last rank carries zero
@@ -138,21 +143,26 @@ func Checkpoint(variant string, seed int64) (config []byte, tensors map[string]T
 			g.rand(l+"mlp.shared_expert_gate.weight", "BF16", 1, tinyHidden)
 		})
 		g.rand("lm_head.weight", "BF16", tinyVocab, tinyHidden)
-	case "qwen3moe":
-		// decoder_sparse_step 2: layer 1 is sparse, layers 0 and 2 dense.
+	case "qwen3moe", "qwen3moe-sparse":
+		// qwen3moe: decoder_sparse_step 2, so layer 1 is sparse and layers 0 and 2 dense.
+		// qwen3moe-sparse: decoder_sparse_step 1, every layer sparse.
+		sparseStep := 2
+		if variant == "qwen3moe-sparse" {
+			sparseStep = 1
+		}
 		cfg = map[string]any{
 			"architectures": []string{"Qwen3MoeForCausalLM"}, "model_type": "qwen3_moe",
 			"hidden_size": tinyHidden, "intermediate_size": tinyInter, "moe_intermediate_size": tinyMoE,
 			"num_attention_heads": tinyHeads, "num_key_value_heads": tinyKV, "head_dim": tinyHeadDim,
 			"num_hidden_layers": 3, "vocab_size": tinyVocab, "num_experts": tinyExperts, "num_experts_per_tok": 2,
-			"decoder_sparse_step": 2, "mlp_only_layers": []int{}, "norm_topk_prob": true, "attention_bias": false,
-			"tie_word_embeddings": false, "torch_dtype": "bfloat16", "hidden_act": "silu", "rms_norm_eps": 1e-6,
+			"decoder_sparse_step": sparseStep, "mlp_only_layers": []int{}, "norm_topk_prob": true,
+			"attention_bias": false, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "hidden_act": "silu", "rms_norm_eps": 1e-6,
 			"rope_theta": 1000000.0, "max_position_embeddings": 512,
 		}
 		layer := 0
 		g.decoder("BF16", 3, tinyHeadDim, false, true, "BF16", func(l string) {
 			defer func() { layer++ }()
-			if layer != 1 {
+			if (layer+1)%sparseStep != 0 {
 				g.mlp(l+"mlp", "BF16", tinyInter)
 				return
 			}
@@ -273,7 +283,7 @@ func (g *gen) linear(name string, fp8 bool, out, in int64) {
 		return
 	}
 	g.rand(name+".weight", "F8_E4M3", out, in)
-	s := Tensor{DType: "F32", Shape: []int64{ceilDiv(out, 8), ceilDiv(in, 8)}}
+	s := Tensor{DType: "F32", Shape: []int64{CeilDiv(out, 8), CeilDiv(in, 8)}}
 	s.Data = make([]byte, 4*numel(s.Shape))
 	for i := int64(0); i < numel(s.Shape); i++ {
 		binary.LittleEndian.PutUint32(s.Data[4*i:], math.Float32bits(0.001+g.rng.Float32()/16))

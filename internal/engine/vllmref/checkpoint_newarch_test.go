@@ -33,12 +33,12 @@ func TestNewArchCheckpointsAreSmallAndDeterministic(t *testing.T) {
 
 // want is the checkpoint a variant must hold, written out from the config's numbers the way the
 // Hugging Face checkpoints of GLM-4.5 and gpt-oss name and shape their tensors.
-func wantNewArch(t *testing.T, variant string, c hfConfig) map[string]string {
+func wantNewArch(t *testing.T, variant string, c HFConfig) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	put := func(name, dtype string, shape ...int64) { out[name] = fmt.Sprintf("%s%v", dtype, shape) }
-	h, v := c.int("hidden_size"), c.int("vocab_size")
-	heads, kv, hd := c.int("num_attention_heads"), c.int("num_key_value_heads"), c.int("head_dim")
+	h, v := c.Int("hidden_size"), c.Int("vocab_size")
+	heads, kv, hd := c.Int("num_attention_heads"), c.Int("num_key_value_heads"), c.Int("head_dim")
 	put("model.embed_tokens.weight", "BF16", v, h)
 	put("model.norm.weight", "BF16", h)
 	put("lm_head.weight", "BF16", v, h)
@@ -50,9 +50,9 @@ func wantNewArch(t *testing.T, variant string, c hfConfig) map[string]string {
 			return
 		}
 		put(name+".weight", "F8_E4M3", out, in)
-		put(name+".weight_scale_inv", "F32", ceilDiv(out, 8), ceilDiv(in, 8))
+		put(name+".weight_scale_inv", "F32", CeilDiv(out, 8), CeilDiv(in, 8))
 	}
-	for i := int64(0); i < c.int("num_hidden_layers"); i++ {
+	for i := int64(0); i < c.Int("num_hidden_layers"); i++ {
 		l := fmt.Sprintf("model.layers.%d.", i)
 		put(l+"input_layernorm.weight", "BF16", h)
 		put(l+"post_attention_layernorm.weight", "BF16", h)
@@ -67,7 +67,7 @@ func wantNewArch(t *testing.T, variant string, c hfConfig) map[string]string {
 		if variant == "gptoss" {
 			put(a+"o_proj.bias", "BF16", h)
 			put(a+"sinks", "BF16", heads)
-			e, inter := c.int("num_local_experts"), c.int("intermediate_size")
+			e, inter := c.Int("num_local_experts"), c.Int("intermediate_size")
 			m := l + "mlp."
 			put(m+"router.weight", "BF16", e, h)
 			put(m+"router.bias", "BF16", e)
@@ -79,17 +79,17 @@ func wantNewArch(t *testing.T, variant string, c hfConfig) map[string]string {
 			put(m+"experts.down_proj_bias", "BF16", e, h)
 			continue
 		}
-		if c.boolOr("use_qk_norm", false) {
+		if c.BoolOr("use_qk_norm", false) {
 			put(a+"q_norm.weight", "BF16", hd)
 			put(a+"k_norm.weight", "BF16", hd)
 		}
-		if i < c.int("first_k_dense_replace") {
-			lin(l+"mlp.gate_proj", c.int("intermediate_size"), h)
-			lin(l+"mlp.up_proj", c.int("intermediate_size"), h)
-			lin(l+"mlp.down_proj", h, c.int("intermediate_size"))
+		if i < c.Int("first_k_dense_replace") {
+			lin(l+"mlp.gate_proj", c.Int("intermediate_size"), h)
+			lin(l+"mlp.up_proj", c.Int("intermediate_size"), h)
+			lin(l+"mlp.down_proj", h, c.Int("intermediate_size"))
 			continue
 		}
-		e, moe := c.int("n_routed_experts"), c.int("moe_intermediate_size")
+		e, moe := c.Int("n_routed_experts"), c.Int("moe_intermediate_size")
 		router := "BF16"
 		if fp8 {
 			router = "F32"
@@ -102,7 +102,7 @@ func wantNewArch(t *testing.T, variant string, c hfConfig) map[string]string {
 			lin(p+"up_proj", moe, h)
 			lin(p+"down_proj", h, moe)
 		}
-		s := moe * c.int("n_shared_experts")
+		s := moe * c.Int("n_shared_experts")
 		lin(l+"mlp.shared_experts.gate_proj", s, h)
 		lin(l+"mlp.shared_experts.up_proj", s, h)
 		lin(l+"mlp.shared_experts.down_proj", h, s)
@@ -113,7 +113,7 @@ func wantNewArch(t *testing.T, variant string, c hfConfig) map[string]string {
 func TestNewArchCheckpointsHoldTheHFTensors(t *testing.T) {
 	for _, v := range NewArchVariants {
 		cfg, ts := Checkpoint(v, 3)
-		c := parseConfig(cfg)
+		c := ParseConfig(cfg)
 		want := wantNewArch(t, v, c)
 		var names []string
 		for n, x := range ts {
@@ -140,18 +140,18 @@ func TestNewArchCheckpointsHoldTheHFTensors(t *testing.T) {
 func TestNewArchConfigsAllowTheGrid(t *testing.T) {
 	for _, v := range NewArchVariants {
 		cfg, _ := Checkpoint(v, 3)
-		c := parseConfig(cfg)
-		heads, kv := c.int("num_attention_heads"), c.int("num_key_value_heads")
+		c := ParseConfig(cfg)
+		heads, kv := c.Int("num_attention_heads"), c.Int("num_key_value_heads")
 		for _, tp := range []int64{1, 2, 4, 6, 8} {
 			if heads%tp != 0 || (kv%tp != 0 && tp%kv != 0) {
 				t.Errorf("%s: %d heads over %d KV heads at TP %d", v, heads, kv, tp)
 			}
 		}
-		switch c.architecture() {
+		switch c.Architecture() {
 		case "Glm4MoeForCausalLM":
 			for _, k := range []string{"n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob",
 				"partial_rotary_factor", "num_experts_per_tok"} {
-				if !c.has(k) {
+				if !c.Has(k) {
 					t.Errorf("%s: config lacks %s", v, k)
 				}
 			}
@@ -164,23 +164,23 @@ func TestNewArchConfigsAllowTheGrid(t *testing.T) {
 			}
 			// vLLM's GptOss MLPBlock asserts intermediate_size % world_size == 0 for every TP x DP of
 			// the grid (up to 8 x 2), and the loader reads whole 32-element blocks.
-			inter := c.int("intermediate_size")
+			inter := c.Int("intermediate_size")
 			for _, w := range []int64{1, 2, 4, 6, 8, 12, 16} {
 				if inter%w != 0 {
 					t.Errorf("%s: intermediate %d over world %d", v, inter, w)
 				}
 			}
-			if inter%32 != 0 || c.int("hidden_size")%32 != 0 {
-				t.Errorf("%s: MXFP4 rows of %d and %d are not whole blocks", v, inter, c.int("hidden_size"))
+			if inter%32 != 0 || c.Int("hidden_size")%32 != 0 {
+				t.Errorf("%s: MXFP4 rows of %d and %d are not whole blocks", v, inter, c.Int("hidden_size"))
 			}
 			// The loader's experts_per_rank is num_experts // ep_size: experts that do not divide
 			// would be lost, so the checkpoint divides by every EP size of the grid.
-			if e := c.int("num_local_experts"); slices.ContainsFunc([]int64{1, 2, 4, 6, 8, 12, 16},
+			if e := c.Int("num_local_experts"); slices.ContainsFunc([]int64{1, 2, 4, 6, 8, 12, 16},
 				func(ep int64) bool { return e%ep != 0 }) {
 				t.Errorf("%s: %d experts do not divide by every EP size of the grid", v, e)
 			}
 		default:
-			t.Errorf("%s: architecture %s", v, c.architecture())
+			t.Errorf("%s: architecture %s", v, c.Architecture())
 		}
 	}
 }

@@ -39,19 +39,19 @@ type par struct {
 func makePar(p Parallel) par {
 	pcp := max(p.PCP, 1)
 	if p.TP < 1 || p.DP < 1 {
-		panic(refusal(fmt.Sprintf("tensor_parallel_size %d and data_parallel_size %d must be at least 1", p.TP, p.DP)))
+		panic(Refusal(fmt.Sprintf("tensor_parallel_size %d and data_parallel_size %d must be at least 1", p.TP, p.DP)))
 	}
 	if p.TPRank < 0 || p.TPRank >= p.TP {
-		panic(refusal(fmt.Sprintf("tp_rank %d is outside [0, %d)", p.TPRank, p.TP)))
+		panic(Refusal(fmt.Sprintf("tp_rank %d is outside [0, %d)", p.TPRank, p.TP)))
 	}
 	if p.DPRank < 0 || p.DPRank >= p.DP {
-		panic(refusal(fmt.Sprintf("dp_rank %d is outside [0, %d)", p.DPRank, p.DP)))
+		panic(Refusal(fmt.Sprintf("dp_rank %d is outside [0, %d)", p.DPRank, p.DP)))
 	}
 	if p.PCPRank < 0 || p.PCPRank >= pcp {
-		panic(refusal(fmt.Sprintf("pcp_rank %d is outside [0, %d)", p.PCPRank, pcp)))
+		panic(Refusal(fmt.Sprintf("pcp_rank %d is outside [0, %d)", p.PCPRank, pcp)))
 	}
 	if p.RedundantExperts < 0 {
-		panic(refusal("num_redundant_experts must not be negative"))
+		panic(Refusal("num_redundant_experts must not be negative"))
 	}
 	tp, dp := int64(p.TP), int64(p.DP)
 	out := par{tp: tp, tpRank: int64(p.TPRank), redundant: int64(p.RedundantExperts), roundRobin: p.RoundRobin, dp: dp}
@@ -95,14 +95,14 @@ func (b *builder) localSlots(numExperts int64) []int64 {
 	global := numExperts + b.p.redundant
 	if b.p.redundant > 0 {
 		if b.p.ep == 1 {
-			panic(refusal("EPLB (num_redundant_experts) requires expert parallelism"))
+			panic(Refusal("EPLB (num_redundant_experts) requires expert parallelism"))
 		}
 		if global%b.p.ep != 0 {
-			panic(refusal(fmt.Sprintf("EPLB currently only supports even distribution of experts across ranks. "+
+			panic(Refusal(fmt.Sprintf("EPLB currently only supports even distribution of experts across ranks. "+
 				"Got %d experts and %d EP ranks.", global, b.p.ep)))
 		}
 	}
-	groups := b.cfg.intOr("n_group", 1)
+	groups := b.cfg.IntOr("n_group", 1)
 	roundRobin := b.p.roundRobin && b.p.ep > 1 && groups > 1 && b.p.redundant == 0 && b.p.dp == 1
 	var slots []int64
 	if roundRobin {
@@ -125,7 +125,7 @@ type param struct {
 }
 
 type builder struct {
-	cfg    hfConfig
+	cfg    HFConfig
 	hf     map[string]Tensor
 	p      par
 	dtype  string // the model dtype of unquantized parameters
@@ -153,7 +153,7 @@ func (b *builder) result() map[string]Tensor {
 		names := append([]string(nil), p.names...)
 		sort.Strings(names)
 		if _, dup := out[names[0]]; dup {
-			panic(refusal("reference bug: two parameters named " + names[0]))
+			panic(Refusal("reference bug: two parameters named " + names[0]))
 		}
 		out[names[0]] = p.t
 	}
@@ -172,24 +172,24 @@ func suffixed(prefixes []string, suffix string) []string {
 func (b *builder) get(name string, shape ...int64) Tensor {
 	t, ok := b.hf[name]
 	if !ok {
-		panic(refusal("the checkpoint has no tensor " + name))
+		panic(Refusal("the checkpoint has no tensor " + name))
 	}
 	t.check()
 	if fmt.Sprint(t.Shape) != fmt.Sprint(shape) {
-		panic(refusal(fmt.Sprintf("%s has shape %v, the config says %v", name, t.Shape, shape)))
+		panic(Refusal(fmt.Sprintf("%s has shape %v, the config says %v", name, t.Shape, shape)))
 	}
 	return t
 }
 
 // unquantized is a checkpoint tensor copied into a parameter of the model dtype.
 func (b *builder) unquantized(name string, shape ...int64) Tensor {
-	return convert(b.get(name, shape...), b.dtype)
+	return Convert(b.get(name, shape...), b.dtype)
 }
 
 // divide is vllm.distributed.utils.divide: it asserts divisibility.
 func divide(n, d int64, what string) int64 {
 	if d <= 0 || n%d != 0 {
-		panic(refusal(fmt.Sprintf("%s: %d is not divisible by %d", what, n, d)))
+		panic(Refusal(fmt.Sprintf("%s: %d is not divisible by %d", what, n, d)))
 	}
 	return n / d
 }
@@ -203,15 +203,15 @@ func (b *builder) linWeight(hf string, quant bool, out, in int64) Tensor {
 	}
 	w := b.get(hf+".weight", out, in)
 	if w.DType != "F8_E4M3" {
-		panic(refusal(fmt.Sprintf("%s.weight is %s; a block-fp8 checkpoint stores F8_E4M3", hf, w.DType)))
+		panic(Refusal(fmt.Sprintf("%s.weight is %s; a block-fp8 checkpoint stores F8_E4M3", hf, w.DType)))
 	}
 	return w
 }
 
 // linScale is the checkpoint's weight_scale_inv: F32 [ceil(out/block_n), ceil(in/block_k)].
 func (b *builder) linScale(hf string, out, in int64) Tensor {
-	s := b.get(hf+".weight_scale_inv", ceilDiv(out, b.bn), ceilDiv(in, b.bk))
-	return convert(s, "F32")
+	s := b.get(hf+".weight_scale_inv", CeilDiv(out, b.bn), CeilDiv(in, b.bk))
+	return Convert(s, "F32")
 }
 
 // validateBlock is the block-shape check of Fp8LinearMethod.create_weights in v0.10.2 (moved to
@@ -221,7 +221,7 @@ func (b *builder) validateBlock(name string, tp, inputSize, outputSize, inPP int
 	// "Required by row parallel"
 	if tp > 1 && inputSize/inPP == tp && inPP%b.bk != 0 {
 		panic(
-			refusal(
+			Refusal(
 				fmt.Sprintf(
 					"%s: weight input_size_per_partition = %d is not divisible by weight quantization block_k = %d",
 					name,
@@ -248,7 +248,7 @@ func (b *builder) validateBlock(name string, tp, inputSize, outputSize, inPP int
 		for _, s := range check {
 			if s%b.bn != 0 {
 				panic(
-					refusal(
+					Refusal(
 						fmt.Sprintf(
 							"%s: weight output_partition_size = %d is not divisible by weight quantization block_n = %d",
 							name,
@@ -287,15 +287,15 @@ func (b *builder) column(names []string, hf string, quant, bias bool, out, in in
 		b.validateBlock(hf, tp, in, out, in, []int64{outPP})
 	}
 	w := b.linWeight(hf, quant, out, in)
-	b.add(narrowRows(w, r*outPP, outPP, hf+".weight"), suffixed(names, ".weight")...)
+	b.add(NarrowRows(w, r*outPP, outPP, hf+".weight"), suffixed(names, ".weight")...)
 	if bias {
 		bb := b.unquantized(hf+".bias", out)
-		b.add(narrowRows(bb, r*outPP, outPP, hf+".bias"), suffixed(names, ".bias")...)
+		b.add(NarrowRows(bb, r*outPP, outPP, hf+".bias"), suffixed(names, ".bias")...)
 	}
 	if quant {
-		rows := ceilDiv(outPP, b.bn)
+		rows := CeilDiv(outPP, b.bn)
 		b.add(
-			narrowRows(b.linScale(hf, out, in), r*rows, rows, hf+".weight_scale_inv"),
+			NarrowRows(b.linScale(hf, out, in), r*rows, rows, hf+".weight_scale_inv"),
 			suffixed(names, ".weight_scale_inv")...)
 	}
 }
@@ -310,14 +310,14 @@ func (b *builder) row(names []string, hf string, quant, bias bool, out, in int64
 		b.validateBlock(hf, tp, in, out, inPP, []int64{out})
 	}
 	w := b.linWeight(hf, quant, out, in)
-	b.add(narrowCols(w, r*inPP, inPP, hf+".weight"), suffixed(names, ".weight")...)
+	b.add(NarrowCols(w, r*inPP, inPP, hf+".weight"), suffixed(names, ".weight")...)
 	if bias {
 		b.add(b.unquantized(hf+".bias", out), suffixed(names, ".bias")...)
 	}
 	if quant {
-		cols := ceilDiv(inPP, b.bk)
+		cols := CeilDiv(inPP, b.bk)
 		b.add(
-			narrowCols(b.linScale(hf, out, in), r*cols, cols, hf+".weight_scale_inv"),
+			NarrowCols(b.linScale(hf, out, in), r*cols, cols, hf+".weight_scale_inv"),
 			suffixed(names, ".weight_scale_inv")...)
 	}
 }
@@ -346,16 +346,16 @@ func (b *builder) merged(names []string, hfs []string, quant, disableTP bool, si
 	var parts []Tensor
 	for k, hf := range hfs {
 		w := b.linWeight(hf, quant, sizes[k], in)
-		parts = append(parts, narrowRows(w, r*outPPs[k], outPPs[k], hf+".weight"))
+		parts = append(parts, NarrowRows(w, r*outPPs[k], outPPs[k], hf+".weight"))
 	}
-	b.add(catRows(parts...), suffixed(names, ".weight")...)
+	b.add(CatRows(parts...), suffixed(names, ".weight")...)
 	if quant {
-		scale := filledF32(-math.MaxFloat32, ceilDiv(total/tp, b.bn), ceilDiv(in, b.bk))
+		scale := filledF32(-math.MaxFloat32, CeilDiv(total/tp, b.bn), CeilDiv(in, b.bk))
 		var before int64
 		for k, hf := range hfs {
-			off := ceilDiv(before, b.bn) / tp
-			size := ceilDiv(sizes[k], b.bn) / tp
-			src := narrowRows(b.linScale(hf, sizes[k], in), r*size, size, hf+".weight_scale_inv")
+			off := CeilDiv(before, b.bn) / tp
+			size := CeilDiv(sizes[k], b.bn) / tp
+			src := NarrowRows(b.linScale(hf, sizes[k], in), r*size, size, hf+".weight_scale_inv")
 			copyRowsInto(&scale, off, src, names[0]+".weight_scale_inv")
 			before += sizes[k]
 		}
@@ -385,17 +385,17 @@ func (b *builder) qkv(names []string, hfq, hfk, hfv string, quant, bias bool, he
 		b.validateBlock(names[0], tp, hidden, (heads+2*kvHeads)*headDim, hidden, []int64{qs, kvs, kvs})
 	}
 	rows := func(t Tensor, suffix string) Tensor {
-		return catRows(
-			narrowRows(t, r*qs, qs, hfq+suffix),
-			narrowRows(t, heads*headDim+kvRank*kvs, kvs, hfk+suffix),
-			narrowRows(t, (heads+kvHeads)*headDim+kvRank*kvs, kvs, hfv+suffix),
+		return CatRows(
+			NarrowRows(t, r*qs, qs, hfq+suffix),
+			NarrowRows(t, heads*headDim+kvRank*kvs, kvs, hfk+suffix),
+			NarrowRows(t, (heads+kvHeads)*headDim+kvRank*kvs, kvs, hfv+suffix),
 		)
 	}
-	w := catRows(b.linWeight(hfq, quant, heads*headDim, hidden), b.linWeight(hfk, quant, kvHeads*headDim, hidden),
+	w := CatRows(b.linWeight(hfq, quant, heads*headDim, hidden), b.linWeight(hfk, quant, kvHeads*headDim, hidden),
 		b.linWeight(hfv, quant, kvHeads*headDim, hidden))
 	b.add(rows(w, ".weight"), suffixed(names, ".weight")...)
 	if bias {
-		bb := catRows(b.unquantized(hfq+".bias", heads*headDim), b.unquantized(hfk+".bias", kvHeads*headDim),
+		bb := CatRows(b.unquantized(hfq+".bias", heads*headDim), b.unquantized(hfk+".bias", kvHeads*headDim),
 			b.unquantized(hfv+".bias", kvHeads*headDim))
 		b.add(rows(bb, ".bias"), suffixed(names, ".bias")...)
 	}
@@ -420,11 +420,11 @@ func (b *builder) vocab(names []string, hf string, vocabSize, hidden int64) {
 	if b.rel.lcmVocabPadding {
 		pad = lcm(64, tp)
 	}
-	padded := ceilDiv(vocabSize, pad) * pad
+	padded := CeilDiv(vocabSize, pad) * pad
 	per := divide(padded, tp, "padded vocab size")
 	start, end := min(r*per, vocabSize), min((r+1)*per, vocabSize)
 	e := b.unquantized(hf, vocabSize, hidden)
-	b.add(padRows(narrowRows(e, start, end-start, hf), per), names...)
+	b.add(PadRows(NarrowRows(e, start, end-start, hf), per), names...)
 }
 
 // attentionScales are the buffers an Attention module registers from the release that keeps them
@@ -460,7 +460,7 @@ type expertNames func(e int64) (gate, up, down string)
 func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, quant bool, hf expertNames) {
 	if inter%b.p.moeTP != 0 {
 		panic(
-			refusal(
+			Refusal(
 				fmt.Sprintf(
 					"moe intermediate size %d is not divisible by the MoE tensor parallel size %d (TP x DP)",
 					inter,
@@ -474,7 +474,7 @@ func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, q
 	if quant {
 		if ipp%b.bn != 0 {
 			panic(
-				refusal(
+				Refusal(
 					fmt.Sprintf(
 						"%s: the output_size of gate's and up's weight = %d is not divisible by weight quantization block_n = %d",
 						prefixes[0],
@@ -486,7 +486,7 @@ func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, q
 		}
 		if b.p.tp > 1 && ipp%b.bk != 0 {
 			panic(
-				refusal(
+				Refusal(
 					fmt.Sprintf(
 						"%s: the input_size of down's weight = %d is not divisible by weight quantization block_k = %d",
 						prefixes[0],
@@ -503,11 +503,11 @@ func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, q
 		g := b.linWeight(gate, quant, inter, hidden)
 		u := b.linWeight(up, quant, inter, hidden)
 		d := b.linWeight(down, quant, hidden, inter)
-		w13 = append(w13, catRows(narrowRows(g, r*ipp, ipp, gate), narrowRows(u, r*ipp, ipp, up)))
-		w2 = append(w2, narrowCols(d, r*ipp, ipp, down))
+		w13 = append(w13, CatRows(NarrowRows(g, r*ipp, ipp, gate), NarrowRows(u, r*ipp, ipp, up)))
+		w2 = append(w2, NarrowCols(d, r*ipp, ipp, down))
 		if quant {
-			rows := ceilDiv(ipp, b.bn)
-			cols := ceilDiv(ipp, b.bk)
+			rows := CeilDiv(ipp, b.bn)
+			cols := CeilDiv(ipp, b.bk)
 			gs, us, ds := b.linScale(
 				gate,
 				inter,
@@ -523,21 +523,21 @@ func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, q
 			)
 			s13 = append(
 				s13,
-				catRows(
-					narrowRows(gs, r*rows, rows, gate+".weight_scale_inv"),
-					narrowRows(us, r*rows, rows, up+".weight_scale_inv"),
+				CatRows(
+					NarrowRows(gs, r*rows, rows, gate+".weight_scale_inv"),
+					NarrowRows(us, r*rows, rows, up+".weight_scale_inv"),
 				),
 			)
-			s2 = append(s2, narrowCols(ds, r*cols, cols, down+".weight_scale_inv"))
+			s2 = append(s2, NarrowCols(ds, r*cols, cols, down+".weight_scale_inv"))
 		}
 	}
 	if len(w13) == 0 {
 		return // torch.empty((0, ...)): numel 0, dropped by _filter_subtensors
 	}
-	b.add(stack(w13), suffixed(prefixes, ".w13_weight")...)
-	b.add(stack(w2), suffixed(prefixes, ".w2_weight")...)
+	b.add(Stack(w13), suffixed(prefixes, ".w13_weight")...)
+	b.add(Stack(w2), suffixed(prefixes, ".w2_weight")...)
 	if quant {
-		b.add(stack(s13), suffixed(prefixes, ".w13_weight_scale_inv")...)
-		b.add(stack(s2), suffixed(prefixes, ".w2_weight_scale_inv")...)
+		b.add(Stack(s13), suffixed(prefixes, ".w13_weight_scale_inv")...)
+		b.add(Stack(s2), suffixed(prefixes, ".w2_weight_scale_inv")...)
 	}
 }

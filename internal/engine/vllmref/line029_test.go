@@ -69,7 +69,7 @@ func TestLine029DeepSeekIsTheRunnerTree(t *testing.T) {
 func TestLine029SequenceParallelReplicatesSharedExperts(t *testing.T) {
 	cfg, hf := Checkpoint("deepseekv3", 7)
 	s := "model.layers.1.mlp.shared_experts."
-	wantUp := catRows(hf[s+"gate_proj.weight"], hf[s+"up_proj.weight"])
+	wantUp := CatRows(hf[s+"gate_proj.weight"], hf[s+"up_proj.weight"])
 	for _, p := range []Parallel{
 		{TP: 2, TPRank: 1, DP: 2, DPRank: 0, EnableEP: true}, {TP: 4, TPRank: 3, DP: 2, DPRank: 1, EnableEP: true},
 	} {
@@ -135,14 +135,14 @@ func TestGLM4MoENamesAndDTypes(t *testing.T) {
 			t.Fatal(err)
 		}
 		qkv := o[a+"qkv_proj.weight"]
-		qs = append(qs, narrowRows(qkv, 0, 4*newHeadDim, "q"))
+		qs = append(qs, NarrowRows(qkv, 0, 4*newHeadDim, "q"))
 		head := int64(r / 3)
-		if !same(narrowRows(qkv, 5*newHeadDim, newHeadDim, "v"),
-			narrowRows(hf[a+"v_proj.weight"], head*newHeadDim, newHeadDim, "v")) {
+		if !same(NarrowRows(qkv, 5*newHeadDim, newHeadDim, "v"),
+			NarrowRows(hf[a+"v_proj.weight"], head*newHeadDim, newHeadDim, "v")) {
 			t.Errorf("TP 6 rank %d: not V head %d", r, head)
 		}
 	}
-	if !same(catRows(qs...), hf[a+"q_proj.weight"]) {
+	if !same(CatRows(qs...), hf[a+"q_proj.weight"]) {
 		t.Error("TP 6: q rows do not reassemble")
 	}
 }
@@ -162,16 +162,16 @@ func TestGLM4MoEFP8ScalesFollowTheirBlocks(t *testing.T) {
 			if w.DType != "F8_E4M3" || s.Shape[0] != (qRows+2*newHeadDim)/8 || s.Shape[1] != newHidden/8 {
 				t.Fatalf("TP %d: qkv %s %v, scale %v", tp, w.DType, w.Shape, s.Shape)
 			}
-			qScale = append(qScale, narrowRows(s, 0, qRows/8, "q"))
+			qScale = append(qScale, NarrowRows(s, 0, qRows/8, "q"))
 			head := int64(r / (tp / glmKV))
-			if !same(narrowRows(s, qRows/8, 1, "k"), narrowRows(hf[a+"k_proj.weight_scale_inv"], head, 1, "k")) {
+			if !same(NarrowRows(s, qRows/8, 1, "k"), NarrowRows(hf[a+"k_proj.weight_scale_inv"], head, 1, "k")) {
 				t.Errorf("TP %d rank %d: k scale is not KV head %d's", tp, r, head)
 			}
 			if out["model.layers.1.mlp.gate.weight"].DType != "F32" {
 				t.Error("the router is quantized")
 			}
 		}
-		if !same(catRows(qScale...), hf[a+"q_proj.weight_scale_inv"]) {
+		if !same(CatRows(qScale...), hf[a+"q_proj.weight_scale_inv"]) {
 			t.Errorf("TP %d: q scales do not reassemble", tp)
 		}
 	}
@@ -191,7 +191,7 @@ func TestGptOssNames(t *testing.T) {
 	if !same(out[a+"o_proj.bias"], hf["model.layers.1.self_attn.o_proj.bias"]) {
 		t.Error("the o_proj bias is not whole")
 	}
-	if !same(out[a+"sinks"], narrowRows(hf["model.layers.1.self_attn.sinks"], 36, 12, "sinks")) {
+	if !same(out[a+"sinks"], NarrowRows(hf["model.layers.1.self_attn.sinks"], 36, 12, "sinks")) {
 		t.Error("rank 3 of TP 4 does not hold sinks 36..47")
 	}
 	for _, n := range []string{
@@ -312,7 +312,7 @@ func heldExperts(t *testing.T, out, hf map[string]Tensor, layer string) []int64 
 			if _, ok := hf[x+"gate_proj.weight"]; !ok {
 				break
 			}
-			if same(expert(w13, j), catRows(hf[x+"gate_proj.weight"], hf[x+"up_proj.weight"])) {
+			if same(expert(w13, j), CatRows(hf[x+"gate_proj.weight"], hf[x+"up_proj.weight"])) {
 				who = e
 			}
 		}
@@ -425,7 +425,7 @@ func TestWideDeepSeekAllowsTP6(t *testing.T) {
 			t.Errorf("rank %d holds %v", r, got)
 		}
 	}
-	if !same(catRows(qs...), hf["model.layers.1.self_attn.q_proj.weight"]) {
+	if !same(CatRows(qs...), hf["model.layers.1.self_attn.q_proj.weight"]) {
 		t.Error("q_proj rows do not reassemble at TP 6")
 	}
 }

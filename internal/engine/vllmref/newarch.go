@@ -28,19 +28,19 @@ func (b *builder) glm4moe() {
 	if !b.rel.moeRunner {
 		panic(Unmodelled("Glm4MoeForCausalLM is modelled on FusedMoEFactory lines only"))
 	}
-	if act := c.stringOr("hidden_act", "silu"); act != "silu" {
-		panic(refusal("Unsupported activation: " + act + ". Only silu is supported for now."))
+	if act := c.StringOr("hidden_act", "silu"); act != "silu" {
+		panic(Refusal("Unsupported activation: " + act + ". Only silu is supported for now."))
 	}
-	if c.boolOr("tie_word_embeddings", false) {
+	if c.BoolOr("tie_word_embeddings", false) {
 		panic(Unmodelled("Glm4MoeForCausalLM with tie_word_embeddings is not modelled"))
 	}
-	hidden, heads := c.int("hidden_size"), c.int("num_attention_heads")
-	kvHeads := c.intOr("num_key_value_heads", heads)
-	headDim := c.intOr("head_dim", hidden/heads)
-	vocabSize, layers := c.int("vocab_size"), c.int("num_hidden_layers")
-	qkvBias, qkNorm := c.boolOr("attention_bias", false), c.boolOr("use_qk_norm", false)
+	hidden, heads := c.Int("hidden_size"), c.Int("num_attention_heads")
+	kvHeads := c.IntOr("num_key_value_heads", heads)
+	headDim := c.IntOr("head_dim", hidden/heads)
+	vocabSize, layers := c.Int("vocab_size"), c.Int("num_hidden_layers")
+	qkvBias, qkNorm := c.BoolOr("attention_bias", false), c.BoolOr("use_qk_norm", false)
 	quant := b.fp8
-	_, routed := c.nullableInt("n_routed_experts")
+	_, routed := c.NullableInt("n_routed_experts")
 
 	b.vocab([]string{"model.embed_tokens.weight"}, "model.embed_tokens.weight", vocabSize, hidden)
 	for i := int64(0); i < layers; i++ {
@@ -56,16 +56,16 @@ func (b *builder) glm4moe() {
 			b.norm([]string{a + "q_norm.weight"}, a+"q_norm.weight", headDim)
 			b.norm([]string{a + "k_norm.weight"}, a+"k_norm.weight", headDim)
 		}
-		if !routed || i < c.intOr("first_k_dense_replace", 0) {
-			b.denseMLPq(l+"mlp", c.int("intermediate_size"), hidden, quant)
+		if !routed || i < c.IntOr("first_k_dense_replace", 0) {
+			b.denseMLPq(l+"mlp", c.Int("intermediate_size"), hidden, quant)
 			continue
 		}
 		p := l + "mlp"
-		experts, inter := c.int("n_routed_experts"), c.int("moe_intermediate_size")
-		b.add(convert(b.get(p+".gate.weight", experts, hidden), "F32"), p+".gate.weight")
-		b.add(convert(b.get(p+".gate.e_score_correction_bias", experts), "F32"),
+		experts, inter := c.Int("n_routed_experts"), c.Int("moe_intermediate_size")
+		b.add(Convert(b.get(p+".gate.weight", experts, hidden), "F32"), p+".gate.weight")
+		b.add(Convert(b.get(p+".gate.e_score_correction_bias", experts), "F32"),
 			p+".gate.e_score_correction_bias", p+".experts.routed_experts.e_score_correction_bias")
-		if shared, ok := c.nullableInt("n_shared_experts"); ok {
+		if shared, ok := c.NullableInt("n_shared_experts"); ok {
 			b.denseMLPq(p+".shared_experts", inter*shared, hidden, quant, p+".experts._shared_experts._layer")
 		}
 		b.fusedMoE([]string{p + ".experts.routed_experts"}, experts, inter, hidden, quant,
@@ -111,25 +111,25 @@ func (b *builder) gptoss() {
 	if mxfp4Method(c) != "mxfp4" {
 		panic(Unmodelled("GptOssForCausalLM is modelled with MXFP4 experts only"))
 	}
-	if c.boolOr("tie_word_embeddings", false) {
+	if c.BoolOr("tie_word_embeddings", false) {
 		panic(Unmodelled("GptOssForCausalLM with tie_word_embeddings is not modelled"))
 	}
-	hidden, heads, kvHeads := c.int("hidden_size"), c.int("num_attention_heads"), c.int("num_key_value_heads")
-	headDim, vocabSize, layers := c.int("head_dim"), c.int("vocab_size"), c.int("num_hidden_layers")
-	experts, inter := c.int("num_local_experts"), c.int("intermediate_size")
+	hidden, heads, kvHeads := c.Int("hidden_size"), c.Int("num_attention_heads"), c.Int("num_key_value_heads")
+	headDim, vocabSize, layers := c.Int("head_dim"), c.Int("vocab_size"), c.Int("num_hidden_layers")
+	experts, inter := c.Int("num_local_experts"), c.Int("intermediate_size")
 	tp, r := b.p.tp, b.p.tpRank
 	// OAIAttention gives Attention num_kv_heads = num_key_value_heads // tp_size, which must be at
 	// least one (Attention asserts num_heads % num_kv_heads == 0).
 	if kvHeads/tp == 0 {
-		panic(refusal(fmt.Sprintf("num_key_value_heads %d over tensor_parallel_size %d leaves a rank none", kvHeads, tp)))
+		panic(Refusal(fmt.Sprintf("num_key_value_heads %d over tensor_parallel_size %d leaves a rank none", kvHeads, tp)))
 	}
 	// MLPBlock: assert config.intermediate_size % self.world_size == 0 (the ranks of TP x DP).
 	world := b.p.moeTP * b.p.ep
 	if inter%world != 0 {
-		panic(refusal(fmt.Sprintf("intermediate_size %d is not divisible by the world size %d", inter, world)))
+		panic(Refusal(fmt.Sprintf("intermediate_size %d is not divisible by the world size %d", inter, world)))
 	}
 	if inter%mxfp4Block != 0 || hidden%mxfp4Block != 0 {
-		panic(refusal("MXFP4 rows must be whole 32-element blocks"))
+		panic(Refusal("MXFP4 rows must be whole 32-element blocks"))
 	}
 	headsPP := divide(heads, tp, "num_attention_heads")
 
@@ -139,7 +139,7 @@ func (b *builder) gptoss() {
 		a, hfA := l+"attn.", l+"self_attn."
 		b.norm([]string{l + "input_layernorm.weight"}, l+"input_layernorm.weight", hidden)
 		b.norm([]string{l + "post_attention_layernorm.weight"}, l+"post_attention_layernorm.weight", hidden)
-		b.add(narrowRows(b.unquantized(hfA+"sinks", heads), r*headsPP, headsPP, hfA+"sinks"), a+"sinks")
+		b.add(NarrowRows(b.unquantized(hfA+"sinks", heads), r*headsPP, headsPP, hfA+"sinks"), a+"sinks")
 		b.qkv([]string{a + "qkv_proj"}, hfA+"q_proj", hfA+"k_proj", hfA+"v_proj", false, true, heads, kvHeads,
 			headDim, hidden)
 		b.row([]string{a + "o_proj"}, hfA+"o_proj", false, true, hidden, heads*headDim)
@@ -158,22 +158,22 @@ func (b *builder) mxfp4Experts(name, hf string, experts, inter, hidden int64) {
 	nbH, nbI := hidden/mxfp4Block, inter/mxfp4Block
 	w13 := b.get(hf+"gate_up_proj_blocks", experts, 2*inter, nbH, mxfp4Block/2)
 	s13 := b.get(hf+"gate_up_proj_scales", experts, 2*inter, nbH)
-	b13 := convert(b.get(hf+"gate_up_proj_bias", experts, 2*inter), b.dtype)
+	b13 := Convert(b.get(hf+"gate_up_proj_bias", experts, 2*inter), b.dtype)
 	w2 := b.get(hf+"down_proj_blocks", experts, hidden, nbI, mxfp4Block/2)
 	s2 := b.get(hf+"down_proj_scales", experts, hidden, nbI)
-	b2 := convert(b.get(hf+"down_proj_bias", experts, hidden), b.dtype)
+	b2 := Convert(b.get(hf+"down_proj_bias", experts, hidden), b.dtype)
 	for _, t := range []Tensor{w13, s13, w2, s2} {
 		if t.DType != "U8" {
-			panic(refusal(fmt.Sprintf("%s MXFP4 blocks and scales are U8, not %s", hf, t.DType)))
+			panic(Refusal(fmt.Sprintf("%s MXFP4 blocks and scales are U8, not %s", hf, t.DType)))
 		}
 	}
 	// The blocks viewed as [E, rows, cols/2]: one row of packed bytes per output row.
 	w13.Shape, w2.Shape = []int64{experts, 2 * inter, hidden / 2}, []int64{experts, hidden, inter / 2}
 	if b.p.ep > 1 {
 		if experts%b.p.ep != 0 {
-			panic(refusal(fmt.Sprintf("%d experts over %d expert-parallel ranks: the gpt-oss loader slices "+
+			panic(Refusal(fmt.Sprintf("%d experts over %d expert-parallel ranks: the gpt-oss loader slices "+
 				"num_experts // ep_size experts a rank, which does not fill the layer's %d local experts",
-				experts, b.p.ep, ceilDiv(experts, b.p.ep))))
+				experts, b.p.ep, CeilDiv(experts, b.p.ep))))
 		}
 		per := experts / b.p.ep
 		for _, x := range []struct {
@@ -181,24 +181,24 @@ func (b *builder) mxfp4Experts(name, hf string, experts, inter, hidden int64) {
 			t      Tensor
 		}{{"w13_weight", w13}, {"w13_weight_scale", s13}, {"w13_bias", b13}, {"w2_weight", w2},
 			{"w2_weight_scale", s2}, {"w2_bias", b2}} {
-			b.add(narrowRows(x.t, b.p.epRank*per, per, hf+x.suffix), name+x.suffix)
+			b.add(NarrowRows(x.t, b.p.epRank*per, per, hf+x.suffix), name+x.suffix)
 		}
 		return
 	}
-	per := ceilDiv(nbI, b.p.moeTP) * mxfp4Block
+	per := CeilDiv(nbI, b.p.moeTP) * mxfp4Block
 	start := b.p.moeTPRank * per
 	end := min(start+per, inter)
 	n := max(end-start, 0)
 	start = min(start, inter)
-	b.add(perExpert(w13, func(t Tensor) Tensor { return narrowRows(t, 2*start, 2*n, hf+"gate_up_proj_blocks") }),
+	b.add(perExpert(w13, func(t Tensor) Tensor { return NarrowRows(t, 2*start, 2*n, hf+"gate_up_proj_blocks") }),
 		name+"w13_weight")
-	b.add(perExpert(s13, func(t Tensor) Tensor { return narrowRows(t, 2*start, 2*n, hf+"gate_up_proj_scales") }),
+	b.add(perExpert(s13, func(t Tensor) Tensor { return NarrowRows(t, 2*start, 2*n, hf+"gate_up_proj_scales") }),
 		name+"w13_weight_scale")
-	b.add(narrowCols(b13, 2*start, 2*n, hf+"gate_up_proj_bias"), name+"w13_bias")
-	b.add(perExpert(w2, func(t Tensor) Tensor { return narrowCols(t, start/2, n/2, hf+"down_proj_blocks") }),
+	b.add(NarrowCols(b13, 2*start, 2*n, hf+"gate_up_proj_bias"), name+"w13_bias")
+	b.add(perExpert(w2, func(t Tensor) Tensor { return NarrowCols(t, start/2, n/2, hf+"down_proj_blocks") }),
 		name+"w2_weight")
 	b.add(perExpert(s2, func(t Tensor) Tensor {
-		return narrowCols(t, start/mxfp4Block, n/mxfp4Block, hf+"down_proj_scales")
+		return NarrowCols(t, start/mxfp4Block, n/mxfp4Block, hf+"down_proj_scales")
 	}), name+"w2_weight_scale")
 	if b.p.moeTPRank != 0 {
 		b2 = Tensor{DType: b2.DType, Shape: b2.Shape, Data: make([]byte, len(b2.Data))}
@@ -210,23 +210,23 @@ func (b *builder) mxfp4Experts(name, hf string, experts, inter, hidden int64) {
 func perExpert(t Tensor, slice func(Tensor) Tensor) Tensor {
 	var out []Tensor
 	for e := int64(0); e < t.Shape[0]; e++ {
-		x := narrowRows(t, e, 1, "expert")
+		x := NarrowRows(t, e, 1, "expert")
 		x.Shape = x.Shape[1:]
 		out = append(out, slice(x))
 	}
-	return stack(out)
+	return Stack(out)
 }
 
 // mxfp4Method is quantization_config.quant_method, or "" without one.
-func mxfp4Method(c hfConfig) string {
-	if !c.has("quantization_config") || c.isNull("quantization_config") {
+func mxfp4Method(c HFConfig) string {
+	if !c.Has("quantization_config") || c.IsNull("quantization_config") {
 		return ""
 	}
 	var q struct {
 		QuantMethod string `json:"quant_method"`
 	}
 	if err := json.Unmarshal(c["quantization_config"], &q); err != nil {
-		panic(refusal("config.json: quantization_config: " + err.Error()))
+		panic(Refusal("config.json: quantization_config: " + err.Error()))
 	}
 	return q.QuantMethod
 }
@@ -237,12 +237,12 @@ func mxfp4Method(c hfConfig) string {
 // its checkpoint scale, shard_rank being tp_rank for q and tp_rank // num_kv_head_replicas for k and
 // v (QKVParallelLinear.weight_loader_v2 with BlockQuantScaleParameter, load_qkv_weight).
 func (b *builder) qkvScale(hfs [3]string, outs, pps, ranks [3]int64, in int64) Tensor {
-	scale := filledF32(-math.MaxFloat32, ceilDiv(pps[0]+pps[1]+pps[2], b.bn), ceilDiv(in, b.bk))
+	scale := filledF32(-math.MaxFloat32, CeilDiv(pps[0]+pps[1]+pps[2], b.bn), CeilDiv(in, b.bk))
 	var off int64
 	for k, hf := range hfs {
-		size := ceilDiv(pps[k], b.bn)
-		src := narrowRows(b.linScale(hf, outs[k], in), ranks[k]*size, size, hf+".weight_scale_inv")
-		copyRowsInto(&scale, ceilDiv(off, b.bn), src, hf+".weight_scale_inv")
+		size := CeilDiv(pps[k], b.bn)
+		src := NarrowRows(b.linScale(hf, outs[k], in), ranks[k]*size, size, hf+".weight_scale_inv")
+		copyRowsInto(&scale, CeilDiv(off, b.bn), src, hf+".weight_scale_inv")
 		off += pps[k]
 	}
 	return scale

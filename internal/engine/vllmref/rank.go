@@ -31,7 +31,7 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 	defer func() {
 		if r := recover(); r != nil {
 			switch e := r.(type) {
-			case refusal:
+			case Refusal:
 				out, err = nil, e
 			case Unmodelled:
 				out, err = nil, e
@@ -47,16 +47,16 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 	if !rel.moeRunner && (p.PCP > 1 || p.RedundantExperts != 0 || p.RoundRobin) {
 		panic(Unmodelled("prefill-context parallelism, EPLB and round-robin placement are modelled from 0.29 on"))
 	}
-	cfg := parseConfig(config)
-	b := &builder{cfg: cfg, hf: tensors, p: makePar(p), dtype: cfg.modelDType(), rel: rel}
-	arch := cfg.architecture()
+	cfg := ParseConfig(config)
+	b := &builder{cfg: cfg, hf: tensors, p: makePar(p), dtype: cfg.ModelDType(), rel: rel}
+	arch := cfg.Architecture()
 	if why, ok := rel.unmodelled[arch]; ok {
 		panic(Unmodelled(arch + " on vLLM " + line + ": " + why))
 	}
 	switch {
 	case arch == "GptOssForCausalLM": // its quantization is MXFP4 or none; gptoss reads it
 	case mxfp4Method(cfg) == "mxfp4":
-		panic(refusal("the reference models MXFP4 for gpt-oss only"))
+		panic(Refusal("the reference models MXFP4 for gpt-oss only"))
 	default:
 		b.bn, b.bk, b.fp8 = cfg.fp8Block()
 	}
@@ -66,7 +66,7 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 	// models do not.
 	if p.RedundantExperts > 0 && !slices.Contains(
 		[]string{"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"}, arch) {
-		panic(refusal(arch + " does not support EPLB's redundant experts"))
+		panic(Refusal(arch + " does not support EPLB's redundant experts"))
 	}
 	switch arch {
 	case "LlamaForCausalLM",
@@ -76,7 +76,7 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 		"Qwen2MoeForCausalLM",
 		"Qwen3MoeForCausalLM":
 		if b.fp8 {
-			panic(refusal("the reference models block fp8 for DeepSeek only"))
+			panic(Refusal("the reference models block fp8 for DeepSeek only"))
 		}
 		b.decoder(arch)
 	case "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM":
@@ -86,7 +86,7 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 	case "GptOssForCausalLM":
 		b.gptoss()
 	default:
-		panic(refusal("architecture " + arch + " is not modelled by the reference"))
+		panic(Refusal("architecture " + arch + " is not modelled by the reference"))
 	}
 	return b.result(), nil
 }
@@ -101,16 +101,16 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 // and differ in attention biases, q_norm/k_norm, head_dim and the MLP/MoE block.
 func (b *builder) decoder(arch string) {
 	c := b.cfg
-	hidden := c.int("hidden_size")
-	heads := c.int("num_attention_heads")
-	kvHeads := c.intOr("num_key_value_heads", heads) // HF configs default num_key_value_heads to num_attention_heads
-	vocabSize := c.int("vocab_size")
-	layers := c.int("num_hidden_layers")
+	hidden := c.Int("hidden_size")
+	heads := c.Int("num_attention_heads")
+	kvHeads := c.IntOr("num_key_value_heads", heads) // HF configs default num_key_value_heads to num_attention_heads
+	vocabSize := c.Int("vocab_size")
+	layers := c.Int("num_hidden_layers")
 
 	// head_dim: LlamaAttention, Qwen3Attention, Qwen3MoeAttention and MixtralAttention use
 	// config.head_dim when set (getattr(config, "head_dim", None) or hidden // heads);
 	// Qwen2Attention and Qwen2MoeAttention use hidden_size // num_heads.
-	headDim := c.intOr("head_dim", hidden/heads)
+	headDim := c.IntOr("head_dim", hidden/heads)
 	if arch == "Qwen2ForCausalLM" || arch == "Qwen2MoeForCausalLM" {
 		headDim = hidden / heads
 	}
@@ -121,13 +121,13 @@ func (b *builder) decoder(arch string) {
 	case "Qwen2ForCausalLM", "Qwen2MoeForCausalLM":
 		qkvBias = true
 	case "LlamaForCausalLM":
-		qkvBias = c.boolOr("attention_bias", false)
+		qkvBias = c.BoolOr("attention_bias", false)
 		oBias = qkvBias
-		if c.boolOr("mlp_bias", false) {
-			panic(refusal("llama mlp_bias is not modelled by the reference"))
+		if c.BoolOr("mlp_bias", false) {
+			panic(Refusal("llama mlp_bias is not modelled by the reference"))
 		}
 	case "Qwen3ForCausalLM", "Qwen3MoeForCausalLM":
-		qkvBias = c.boolOr("attention_bias", false)
+		qkvBias = c.BoolOr("attention_bias", false)
 	}
 	qkNorm := arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM"
 
@@ -148,7 +148,7 @@ func (b *builder) decoder(arch string) {
 		}
 		switch arch {
 		case "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM":
-			b.denseMLP(l+"mlp", c.int("intermediate_size"), hidden)
+			b.denseMLP(l+"mlp", c.Int("intermediate_size"), hidden)
 		case "MixtralForCausalLM":
 			b.mixtralMoE(l, hidden)
 		case "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM":
@@ -164,7 +164,7 @@ func (b *builder) decoder(arch string) {
 // lm_head = model.embed_tokens), so the state dict lists one tensor as both
 // "lm_head.weight" and "model.embed_tokens.weight" and _filter_subtensors keeps "lm_head.weight".
 func (b *builder) lmHead(vocabSize, hidden int64) {
-	if b.cfg.boolOr("tie_word_embeddings", false) {
+	if b.cfg.BoolOr("tie_word_embeddings", false) {
 		i := slices.IndexFunc(
 			b.params,
 			func(p param) bool { return slices.Contains(p.names, "model.embed_tokens.weight") },
@@ -199,8 +199,8 @@ func (b *builder) denseMLPq(prefix string, inter, hidden int64, quant bool, alia
 // num_local_experts, quant_config=None), block_sparse_moe.experts = FusedMoE(num_local_experts,
 // intermediate_size) from experts.N.w1 / w3 / w2.
 func (b *builder) mixtralMoE(l string, hidden int64) {
-	experts := b.cfg.int("num_local_experts")
-	inter := b.cfg.int("intermediate_size")
+	experts := b.cfg.Int("num_local_experts")
+	inter := b.cfg.Int("intermediate_size")
 	p := l + "block_sparse_moe"
 	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
 	b.fusedMoE([]string{p + ".experts"}, experts, inter, hidden, false, func(e int64) (string, string, string) {
@@ -222,23 +222,23 @@ func (b *builder) mixtralMoE(l string, hidden int64) {
 // SharedFusedMoE and its gate in the MLP, which renames them - not modelled.
 func (b *builder) qwenMoE(arch string, i int64, l string, hidden int64) {
 	c := b.cfg
-	experts := c.int("num_experts")
-	step := c.intOr("decoder_sparse_step", 1)
-	sparse := !slices.Contains(c.intsOr("mlp_only_layers"), i) && experts > 0 && (i+1)%step == 0
+	experts := c.Int("num_experts")
+	step := c.IntOr("decoder_sparse_step", 1)
+	sparse := !slices.Contains(c.IntsOr("mlp_only_layers"), i) && experts > 0 && (i+1)%step == 0
 	if !sparse {
-		b.denseMLP(l+"mlp", c.int("intermediate_size"), hidden)
+		b.denseMLP(l+"mlp", c.Int("intermediate_size"), hidden)
 		return
 	}
 	if b.p.tp > experts {
 		panic(
-			refusal(fmt.Sprintf("Tensor parallel size %d is greater than the number of experts %d.", b.p.tp, experts)),
+			Refusal(fmt.Sprintf("Tensor parallel size %d is greater than the number of experts %d.", b.p.tp, experts)),
 		)
 	}
 	p := l + "mlp"
 	b.fusedMoE(
 		[]string{p + ".experts"},
 		experts,
-		c.int("moe_intermediate_size"),
+		c.Int("moe_intermediate_size"),
 		hidden,
 		false,
 		func(e int64) (string, string, string) {
@@ -248,7 +248,7 @@ func (b *builder) qwenMoE(arch string, i int64, l string, hidden int64) {
 	)
 	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
 	if arch == "Qwen2MoeForCausalLM" {
-		if shared := c.intOr("shared_expert_intermediate_size", 0); shared > 0 {
+		if shared := c.IntOr("shared_expert_intermediate_size", 0); shared > 0 {
 			b.denseMLP(p+".shared_expert", shared, hidden)
 		}
 		b.add(b.unquantized(p+".shared_expert_gate.weight", 1, hidden), p+".shared_expert_gate.weight")
@@ -259,9 +259,9 @@ func (b *builder) qwenMoE(arch string, i int64, l string, hidden int64) {
 // (model_config.use_mla, the default on GPUs).
 func (b *builder) deepseek() {
 	c := b.cfg
-	hidden := c.int("hidden_size")
-	vocabSize := c.int("vocab_size")
-	layers := c.int("num_hidden_layers")
+	hidden := c.Int("hidden_size")
+	vocabSize := c.Int("vocab_size")
+	layers := c.Int("num_hidden_layers")
 	quant := b.fp8
 
 	b.vocab([]string{"model.embed_tokens.weight"}, "model.embed_tokens.weight", vocabSize, hidden)
@@ -273,11 +273,11 @@ func (b *builder) deepseek() {
 		// DeepseekV2DecoderLayer: DeepseekV2MoE when n_routed_experts is not None and
 		// layer_idx >= first_k_dense_replace and layer_idx % moe_layer_freq == 0, else
 		// DeepseekV2MLP(intermediate_size).
-		_, routed := c.nullableInt("n_routed_experts")
-		if routed && i >= c.intOr("first_k_dense_replace", 0) && i%c.intOr("moe_layer_freq", 1) == 0 {
+		_, routed := c.NullableInt("n_routed_experts")
+		if routed && i >= c.IntOr("first_k_dense_replace", 0) && i%c.IntOr("moe_layer_freq", 1) == 0 {
 			b.deepseekMoE(l+"mlp", hidden, quant)
 		} else {
-			b.denseMLPq(l+"mlp", c.int("intermediate_size"), hidden, quant)
+			b.denseMLPq(l+"mlp", c.Int("intermediate_size"), hidden, quant)
 		}
 	}
 	b.norm([]string{"model.norm.weight"}, "model.norm.weight", hidden)
@@ -303,10 +303,10 @@ func (b *builder) deepseek() {
 // (Fp8KVCacheMethod.create_weights) are deleted by process_weights_after_loading.
 func (b *builder) mla(p string, hidden int64, quant bool) {
 	c := b.cfg
-	heads := c.int("num_attention_heads")
-	qLora, hasQLora := c.nullableInt("q_lora_rank")
-	kvLora := c.int("kv_lora_rank")
-	nope, rope, vDim := c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim"), c.int("v_head_dim")
+	heads := c.Int("num_attention_heads")
+	qLora, hasQLora := c.NullableInt("q_lora_rank")
+	kvLora := c.Int("kv_lora_rank")
+	nope, rope, vDim := c.Int("qk_nope_head_dim"), c.Int("qk_rope_head_dim"), c.Int("v_head_dim")
 	divide(heads, b.p.tp, "num_attention_heads") // DeepseekV2MLAAttention: assert num_heads % tp_size == 0
 	names := func(m string) []string { return []string{p + "." + m, p + ".mla_attn." + m} }
 	if hasQLora {
@@ -350,7 +350,7 @@ func (b *builder) mla(p string, hidden int64, quant bool) {
 // disable_tp: whole on every rank.
 func (b *builder) deepseekMoE(p string, hidden int64, quant bool) {
 	c := b.cfg
-	experts := c.int("n_routed_experts")
+	experts := c.Int("n_routed_experts")
 	gateNames, sharedAlias, expertNames := []string{p + ".gate"}, p+".experts._shared_experts", p+".experts"
 	biasNames := []string{p + ".gate.e_score_correction_bias", p + ".experts.e_score_correction_bias"}
 	if b.rel.moeRunner {
@@ -362,12 +362,12 @@ func (b *builder) deepseekMoE(p string, hidden int64, quant bool) {
 		}
 	}
 	b.replicated(gateNames, p+".gate", false, experts, hidden)
-	if c.stringOr("topk_method", "") == "noaux_tc" {
-		b.add(convert(b.get(p+".gate.e_score_correction_bias", experts), "F32"), biasNames...)
+	if c.StringOr("topk_method", "") == "noaux_tc" {
+		b.add(Convert(b.get(p+".gate.e_score_correction_bias", experts), "F32"), biasNames...)
 	}
-	if shared, ok := c.nullableInt("n_shared_experts"); ok {
+	if shared, ok := c.NullableInt("n_shared_experts"); ok {
 		build := func() {
-			b.denseMLPq(p+".shared_experts", c.int("moe_intermediate_size")*shared, hidden, quant, sharedAlias)
+			b.denseMLPq(p+".shared_experts", c.Int("moe_intermediate_size")*shared, hidden, quant, sharedAlias)
 		}
 		if b.p.sequenceParallel {
 			b.withoutTP(build)
@@ -378,7 +378,7 @@ func (b *builder) deepseekMoE(p string, hidden int64, quant bool) {
 	b.fusedMoE(
 		[]string{expertNames},
 		experts,
-		c.int("moe_intermediate_size"),
+		c.Int("moe_intermediate_size"),
 		hidden,
 		quant,
 		func(e int64) (string, string, string) {

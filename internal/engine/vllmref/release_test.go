@@ -89,16 +89,16 @@ func TestLine029PadsVocabularyToLCM(t *testing.T) {
 		qkv := out["model.layers.0.self_attn.qkv_proj.weight"]
 		k := hf["model.layers.0.self_attn.k_proj.weight"]
 		if qkv.Shape[0] != 4*wideHeadDim+2*wideHeadDim ||
-			!same(narrowRows(qkv, 4*wideHeadDim, wideHeadDim, "k"), narrowRows(k, int64(r/3)*wideHeadDim, wideHeadDim, "k")) {
+			!same(NarrowRows(qkv, 4*wideHeadDim, wideHeadDim, "k"), NarrowRows(k, int64(r/3)*wideHeadDim, wideHeadDim, "k")) {
 			t.Errorf("rank %d: qkv %v does not hold 4 q heads and KV head %d", r, qkv.Shape, r/3)
 		}
 	}
 	for name, parts := range map[string][]Tensor{"model.embed_tokens.weight": embeds, "lm_head.weight": heads} {
-		all := catRows(parts...)
-		if !same(narrowRows(all, 0, 1000, name), hf[name]) {
+		all := CatRows(parts...)
+		if !same(NarrowRows(all, 0, 1000, name), hf[name]) {
 			t.Errorf("%s: the ranks' rows do not reassemble the checkpoint", name)
 		}
-		if pad := narrowRows(all, 1000, 152, name); !bytes.Equal(pad.Data, make([]byte, len(pad.Data))) {
+		if pad := NarrowRows(all, 1000, 152, name); !bytes.Equal(pad.Data, make([]byte, len(pad.Data))) {
 			t.Errorf("%s: the 152 padding rows are not zero", name)
 		}
 	}

@@ -28,7 +28,7 @@ func ElemSize(dtype string) int64 {
 	case "F64", "I64", "U64":
 		return 8
 	}
-	panic(refusal("unknown dtype " + dtype))
+	panic(Refusal("unknown dtype " + dtype))
 }
 
 func numel(shape []int64) int64 {
@@ -44,16 +44,16 @@ func rowBytes(t Tensor) int64 { return numel(t.Shape[1:]) * ElemSize(t.DType) }
 
 func (t Tensor) check() {
 	if int64(len(t.Data)) != numel(t.Shape)*ElemSize(t.DType) {
-		panic(refusal(fmt.Sprintf("tensor of shape %v %s holds %d bytes", t.Shape, t.DType, len(t.Data))))
+		panic(Refusal(fmt.Sprintf("tensor of shape %v %s holds %d bytes", t.Shape, t.DType, len(t.Data))))
 	}
 }
 
-// narrowRows is torch's t.narrow(0, start, n): rows [start, start+n) of t. Like torch it refuses a
+// NarrowRows is torch's t.narrow(0, start, n): rows [start, start+n) of t. Like torch it refuses a
 // range outside the tensor.
-func narrowRows(t Tensor, start, n int64, what string) Tensor {
+func NarrowRows(t Tensor, start, n int64, what string) Tensor {
 	t.check()
 	if start < 0 || n < 0 || start+n > t.Shape[0] {
-		panic(refusal(fmt.Sprintf("%s: narrow(0, %d, %d) is outside a dimension of %d", what, start, n, t.Shape[0])))
+		panic(Refusal(fmt.Sprintf("%s: narrow(0, %d, %d) is outside a dimension of %d", what, start, n, t.Shape[0])))
 	}
 	rb := rowBytes(t)
 	shape := append([]int64{n}, t.Shape[1:]...)
@@ -61,14 +61,14 @@ func narrowRows(t Tensor, start, n int64, what string) Tensor {
 	return Tensor{DType: t.DType, Shape: shape, Data: data}
 }
 
-// narrowCols is t.narrow(1, start, n) of a 2-D tensor, copied row by row.
-func narrowCols(t Tensor, start, n int64, what string) Tensor {
+// NarrowCols is t.narrow(1, start, n) of a 2-D tensor, copied row by row.
+func NarrowCols(t Tensor, start, n int64, what string) Tensor {
 	t.check()
 	if len(t.Shape) != 2 {
-		panic(refusal(fmt.Sprintf("%s: column slice of a %d-D tensor", what, len(t.Shape))))
+		panic(Refusal(fmt.Sprintf("%s: column slice of a %d-D tensor", what, len(t.Shape))))
 	}
 	if start < 0 || n < 0 || start+n > t.Shape[1] {
-		panic(refusal(fmt.Sprintf("%s: narrow(1, %d, %d) is outside a dimension of %d", what, start, n, t.Shape[1])))
+		panic(Refusal(fmt.Sprintf("%s: narrow(1, %d, %d) is outside a dimension of %d", what, start, n, t.Shape[1])))
 	}
 	es := ElemSize(t.DType)
 	rows, cols := t.Shape[0], t.Shape[1]
@@ -80,13 +80,13 @@ func narrowCols(t Tensor, start, n int64, what string) Tensor {
 	return Tensor{DType: t.DType, Shape: []int64{rows, n}, Data: out}
 }
 
-// catRows is torch.cat(ts, dim=0).
-func catRows(ts ...Tensor) Tensor {
+// CatRows is torch.cat(ts, dim=0).
+func CatRows(ts ...Tensor) Tensor {
 	out := Tensor{DType: ts[0].DType, Shape: append([]int64{0}, ts[0].Shape[1:]...)}
 	for _, t := range ts {
 		t.check()
 		if t.DType != out.DType || fmt.Sprint(t.Shape[1:]) != fmt.Sprint(out.Shape[1:]) {
-			panic(refusal(fmt.Sprintf("cannot concatenate %s%v to %s%v", t.DType, t.Shape, out.DType, out.Shape)))
+			panic(Refusal(fmt.Sprintf("cannot concatenate %s%v to %s%v", t.DType, t.Shape, out.DType, out.Shape)))
 		}
 		out.Shape[0] += t.Shape[0]
 		out.Data = append(out.Data, t.Data...)
@@ -94,24 +94,24 @@ func catRows(ts ...Tensor) Tensor {
 	return out
 }
 
-// stack is torch.stack(ts, dim=0); the caller never passes an empty list.
-func stack(ts []Tensor) Tensor {
+// Stack is torch.stack(ts, dim=0); the caller never passes an empty list.
+func Stack(ts []Tensor) Tensor {
 	out := Tensor{DType: ts[0].DType, Shape: append([]int64{int64(len(ts))}, ts[0].Shape...)}
 	for _, t := range ts {
 		t.check()
 		if t.DType != out.DType || fmt.Sprint(t.Shape) != fmt.Sprint(ts[0].Shape) {
-			panic(refusal("cannot stack tensors of different shapes"))
+			panic(Refusal("cannot stack tensors of different shapes"))
 		}
 		out.Data = append(out.Data, t.Data...)
 	}
 	return out
 }
 
-// padRows appends zero rows up to total rows.
-func padRows(t Tensor, total int64) Tensor {
+// PadRows appends zero rows up to total rows.
+func PadRows(t Tensor, total int64) Tensor {
 	t.check()
 	if t.Shape[0] > total {
-		panic(refusal(fmt.Sprintf("padRows: %d rows do not fit in %d", t.Shape[0], total)))
+		panic(Refusal(fmt.Sprintf("padRows: %d rows do not fit in %d", t.Shape[0], total)))
 	}
 	out := Tensor{DType: t.DType, Shape: append([]int64{total}, t.Shape[1:]...)}
 	out.Data = append(append([]byte(nil), t.Data...), make([]byte, (total-t.Shape[0])*rowBytes(t))...)
@@ -131,15 +131,15 @@ func filledF32(value float32, shape ...int64) Tensor {
 func copyRowsInto(dst *Tensor, start int64, src Tensor, what string) {
 	if start < 0 || start+src.Shape[0] > dst.Shape[0] || rowBytes(src) != rowBytes(*dst) || src.DType != dst.DType {
 		panic(
-			refusal(fmt.Sprintf("%s: cannot copy %v rows into rows [%d,...) of %v", what, src.Shape, start, dst.Shape)),
+			Refusal(fmt.Sprintf("%s: cannot copy %v rows into rows [%d,...) of %v", what, src.Shape, start, dst.Shape)),
 		)
 	}
 	copy(dst.Data[start*rowBytes(*dst):], src.Data)
 }
 
-// convert is param.data.copy_(loaded) into a parameter of another dtype: torch rounds to nearest,
+// Convert is param.data.copy_(loaded) into a parameter of another dtype: torch rounds to nearest,
 // ties to even. Only the float dtypes the reference meets are handled.
-func convert(t Tensor, to string) Tensor {
+func Convert(t Tensor, to string) Tensor {
 	if t.DType == to {
 		return t
 	}
@@ -154,7 +154,7 @@ func convert(t Tensor, to string) Tensor {
 		case "F16":
 			f[i] = float16.Frombits(binary.LittleEndian.Uint16(t.Data[2*i:])).Float32()
 		default:
-			panic(refusal(fmt.Sprintf("the reference does not convert %s to %s", t.DType, to)))
+			panic(Refusal(fmt.Sprintf("the reference does not convert %s to %s", t.DType, to)))
 		}
 	}
 	out := Tensor{DType: to, Shape: append([]int64(nil), t.Shape...), Data: make([]byte, n*ElemSize(to))}
@@ -167,7 +167,7 @@ func convert(t Tensor, to string) Tensor {
 		case "F16":
 			binary.LittleEndian.PutUint16(out.Data[2*i:], float16.Fromfloat32(x).Bits())
 		default:
-			panic(refusal(fmt.Sprintf("the reference does not convert %s to %s", t.DType, to)))
+			panic(Refusal(fmt.Sprintf("the reference does not convert %s to %s", t.DType, to)))
 		}
 	}
 	return out
@@ -182,7 +182,8 @@ func bf16RNE(x float32) uint16 {
 	return uint16((b + 0x7FFF + (b>>16)&1) >> 16)
 }
 
-func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+// CeilDiv is ceil(a / b) for positive b.
+func CeilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
 func lcm(a, b int64) int64 {
 	x, y := a, b

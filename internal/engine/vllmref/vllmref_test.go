@@ -46,18 +46,18 @@ func catCols(ts ...Tensor) Tensor {
 // half splits rows [0, n/2) and [n/2, n) of a tensor.
 func half(t Tensor) (Tensor, Tensor) {
 	n := t.Shape[0] / 2
-	return narrowRows(t, 0, n, "a"), narrowRows(t, n, n, "b")
+	return NarrowRows(t, 0, n, "a"), NarrowRows(t, n, n, "b")
 }
 
 // expert returns expert e of a stacked [E, ...] tensor.
 func expert(t Tensor, e int64) Tensor {
-	s := narrowRows(t, e, 1, "expert")
+	s := NarrowRows(t, e, 1, "expert")
 	s.Shape = s.Shape[1:]
 	return s
 }
 
 func TestCheckpointsAreSmallAndDeterministic(t *testing.T) {
-	for _, v := range Variants {
+	for _, v := range slices.Concat(Variants, SparseMoEVariants) {
 		cfg, ts := Checkpoint(v, 1)
 		var size int
 		for _, x := range ts {
@@ -116,29 +116,29 @@ func TestColumnAndRowSlabsReassemble(t *testing.T) {
 			os = append(os, out["model.layers.1.self_attn.o_proj.weight"])
 			qkv := out["model.layers.1.self_attn.qkv_proj.weight"]
 			qRows := int64(tinyHeads / tp * tinyHeadDim)
-			qs = append(qs, narrowRows(qkv, 0, qRows, "q"))
+			qs = append(qs, NarrowRows(qkv, 0, qRows, "q"))
 			embeds = append(embeds, out["model.embed_tokens.weight"])
 		}
 		l := "model.layers.1."
 		for name, c := range map[string]struct{ got, want Tensor }{
-			"gate": {catRows(gates...), hf[l+"mlp.gate_proj.weight"]},
-			"up":   {catRows(ups...), hf[l+"mlp.up_proj.weight"]},
+			"gate": {CatRows(gates...), hf[l+"mlp.gate_proj.weight"]},
+			"up":   {CatRows(ups...), hf[l+"mlp.up_proj.weight"]},
 			"down": {catCols(downs...), hf[l+"mlp.down_proj.weight"]},
 			"o":    {catCols(os...), hf[l+"self_attn.o_proj.weight"]},
-			"q":    {catRows(qs...), hf[l+"self_attn.q_proj.weight"]},
+			"q":    {CatRows(qs...), hf[l+"self_attn.q_proj.weight"]},
 		} {
 			if !same(c.got, c.want) {
 				t.Errorf("TP %d: the ranks' %s slabs do not reassemble the checkpoint tensor", tp, name)
 			}
 		}
-		emb := catRows(embeds...)
+		emb := CatRows(embeds...)
 		if emb.Shape[0] != 1152 {
 			t.Errorf("TP %d: padded vocab %d, want 1152 (1100 rounded up to 64)", tp, emb.Shape[0])
 		}
-		if !same(narrowRows(emb, 0, tinyVocab, "e"), hf["model.embed_tokens.weight"]) {
+		if !same(NarrowRows(emb, 0, tinyVocab, "e"), hf["model.embed_tokens.weight"]) {
 			t.Errorf("TP %d: embedding rows differ", tp)
 		}
-		if pad := narrowRows(emb, tinyVocab, 1152-tinyVocab, "pad"); !bytes.Equal(
+		if pad := NarrowRows(emb, tinyVocab, 1152-tinyVocab, "pad"); !bytes.Equal(
 			pad.Data,
 			make([]byte, len(pad.Data)),
 		) {
@@ -163,10 +163,10 @@ func TestKVHeadsReplicateWhenTPExceedsThem(t *testing.T) {
 				t.Fatalf("TP %d: qkv rows %d, want %d q rows and one K and one V head", tp, qkv.Shape[0], qRows)
 			}
 			head := int64(r / (tp / tinyKV)) // rank r holds KV head r // (TP / num_kv_heads)
-			wantK := narrowRows(k, head*tinyHeadDim, tinyHeadDim, "k")
-			wantV := narrowRows(v, head*tinyHeadDim, tinyHeadDim, "v")
-			if !same(narrowRows(qkv, qRows, tinyHeadDim, "k"), wantK) ||
-				!same(narrowRows(qkv, qRows+tinyHeadDim, tinyHeadDim, "v"), wantV) {
+			wantK := NarrowRows(k, head*tinyHeadDim, tinyHeadDim, "k")
+			wantV := NarrowRows(v, head*tinyHeadDim, tinyHeadDim, "v")
+			if !same(NarrowRows(qkv, qRows, tinyHeadDim, "k"), wantK) ||
+				!same(NarrowRows(qkv, qRows+tinyHeadDim, tinyHeadDim, "v"), wantV) {
 				t.Errorf("TP %d rank %d does not hold KV head %d", tp, r, head)
 			}
 		}
@@ -183,10 +183,10 @@ func TestQwen2BiasesFuseLikeWeights(t *testing.T) {
 		}
 		a := "model.layers.1.self_attn."
 		head := int64(r / 2)
-		want := catRows(
-			narrowRows(hf[a+"q_proj.bias"], int64(r)*2*hd, 2*hd, "q"),
-			narrowRows(hf[a+"k_proj.bias"], head*hd, hd, "k"),
-			narrowRows(hf[a+"v_proj.bias"], head*hd, hd, "v"))
+		want := CatRows(
+			NarrowRows(hf[a+"q_proj.bias"], int64(r)*2*hd, 2*hd, "q"),
+			NarrowRows(hf[a+"k_proj.bias"], head*hd, hd, "k"),
+			NarrowRows(hf[a+"v_proj.bias"], head*hd, hd, "v"))
 		if !same(out[a+"qkv_proj.bias"], want) {
 			t.Errorf("rank %d: qkv bias", r)
 		}
@@ -240,7 +240,7 @@ func TestExpertParallelPlacesEveryExpertOnce(t *testing.T) {
 						next++
 						seen[e]++
 						x := fmt.Sprintf(m.hfPrefix, e)
-						if !same(expert(w13, j), catRows(hf[x+m.gate+".weight"], hf[x+m.up+".weight"])) {
+						if !same(expert(w13, j), CatRows(hf[x+m.gate+".weight"], hf[x+m.up+".weight"])) {
 							t.Errorf(
 								"%s EP %d rank %d: local expert %d is not [w1; w3] of expert %d",
 								m.variant,
@@ -298,7 +298,7 @@ func TestMoETensorParallelFlattensDP(t *testing.T) {
 		}
 	}
 	x := "model.layers.0.block_sparse_moe.experts.3."
-	if !same(catRows(w1s...), hf[x+"w1.weight"]) || !same(catCols(w2s...), hf[x+"w2.weight"]) {
+	if !same(CatRows(w1s...), hf[x+"w1.weight"]) || !same(catCols(w2s...), hf[x+"w2.weight"]) {
 		t.Error("the flattened (dp_rank * TP + tp_rank) MoE slabs do not reassemble expert 3")
 	}
 }
@@ -311,7 +311,7 @@ func TestRanksWithoutExpertsHoldNone(t *testing.T) {
 	m["architectures"] = []string{"MixtralForCausalLM"}
 	cfg, _ = json.Marshal(m)
 	for l := 0; l < 2; l++ {
-		hf[fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l)] = narrowRows(
+		hf[fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l)] = NarrowRows(
 			hf[fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l)],
 			0,
 			6,
@@ -345,7 +345,7 @@ func TestTiedEmbeddingsSaveAsLMHead(t *testing.T) {
 	if _, ok := out["model.embed_tokens.weight"]; ok {
 		t.Error("_filter_subtensors keeps only the smaller name, lm_head.weight")
 	}
-	want := padRows(narrowRows(hf["model.embed_tokens.weight"], 7*144, tinyVocab-7*144, "e"), 144)
+	want := PadRows(NarrowRows(hf["model.embed_tokens.weight"], 7*144, tinyVocab-7*144, "e"), 144)
 	if !same(out["lm_head.weight"], want) {
 		t.Error("lm_head of the last rank is not its 92 embedding rows and 52 zero rows")
 	}
@@ -414,18 +414,18 @@ func TestFP8ScalesFollowTheirBlocks(t *testing.T) {
 		w2s = append(w2s, expert(out["model.layers.1.mlp.experts.w2_weight_scale_inv"], 4))
 		// fused_qkv_a_proj is not TP-split: [q_a scales (4 rows); kv_a scales (5 rows, the last
 		// block partial: 36 = 4*8 + 4)].
-		want := catRows(hf[a+"q_a_proj.weight_scale_inv"], hf[a+"kv_a_proj_with_mqa.weight_scale_inv"])
+		want := CatRows(hf[a+"q_a_proj.weight_scale_inv"], hf[a+"kv_a_proj_with_mqa.weight_scale_inv"])
 		if got := out[a+"fused_qkv_a_proj.weight_scale_inv"]; !same(got, want) || got.Shape[0] != 9 {
 			t.Errorf("rank %d: fused_qkv_a_proj scale %v", r, got.Shape)
 		}
 		g, u := half(expert(out["model.layers.1.mlp.experts.w13_weight_scale_inv"], 4))
 		x := "model.layers.1.mlp.experts.4."
-		if !same(g, narrowRows(hf[x+"gate_proj.weight_scale_inv"], int64(r)*2, 2, "g")) ||
-			!same(u, narrowRows(hf[x+"up_proj.weight_scale_inv"], int64(r)*2, 2, "u")) {
+		if !same(g, NarrowRows(hf[x+"gate_proj.weight_scale_inv"], int64(r)*2, 2, "g")) ||
+			!same(u, NarrowRows(hf[x+"up_proj.weight_scale_inv"], int64(r)*2, 2, "u")) {
 			t.Errorf("rank %d: expert 4's w13 scale blocks", r)
 		}
 	}
-	if !same(catRows(qb...), hf[a+"q_b_proj.weight_scale_inv"]) ||
+	if !same(CatRows(qb...), hf[a+"q_b_proj.weight_scale_inv"]) ||
 		!same(catCols(o...), hf[a+"o_proj.weight_scale_inv"]) {
 		t.Error("column/row scale slabs do not reassemble")
 	}
