@@ -1,0 +1,108 @@
+package server_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/shardsrv/shardsrv/internal/engine/sglangref"
+	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/store"
+)
+
+// sglangLayout is the layout object of one SGLang rank, in SGLang's option names (--tp-size as
+// tensor_parallel_size, --dp-size, --enable-dp-attention, --ep-size as expert_parallel_size). It
+// has no dp_rank: SGLang names a rank's files by its TP rank alone.
+func sglangLayout(p sglangref.Parallel) map[string]any {
+	return map[string]any{
+		"engine": "sglang", "tensor_parallel_size": p.TP, "tp_rank": p.TPRank, "data_parallel_size": max(p.DP, 1),
+		"enable_dp_attention": p.EnableDPAttention, "expert_parallel_size": max(p.EP, 1),
+	}
+}
+
+// sglangParallels is the grid: TP 1, 2, 4, 6, 8 x DP 1 and 2 x DP attention off and on (on only
+// with DP 2) x EP 1 and 2 x every TP rank. Setups SGLang refuses are in it: the server must refuse
+// them too.
+func sglangParallels() []sglangref.Parallel {
+	var out []sglangref.Parallel
+	for _, tp := range []int{1, 2, 4, 6, 8} {
+		for _, dp := range []int{1, 2} {
+			for _, dpa := range []bool{false, true} {
+				if dpa && dp == 1 {
+					continue
+				}
+				for _, ep := range []int{1, 2} {
+					for r := 0; r < tp; r++ {
+						out = append(out, sglangref.Parallel{TP: tp, TPRank: r, DP: dp, EnableDPAttention: dpa, EP: ep})
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// sglangFieldUnserved reports whether the server refused a field of the layout object it does not
+// take yet.
+func sglangFieldUnserved(res response) bool {
+	if res.status < 400 || res.status >= 500 || res.problem.Errors == nil {
+		return false
+	}
+	for _, e := range *res.problem.Errors {
+		if e.Pointer == "/layout/enable_dp_attention" || e.Pointer == "/layout/expert_parallel_size" {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSGLangLinesMatchReference holds the server's "engine": "sglang" layouts to sglangref, written
+// from SGLang's sources, for every checkpoint the reference models at every point of
+// sglangParallels, in the safetensors format. It skips while the server does not know the engine.
+func TestSGLangLinesMatchReference(t *testing.T) {
+	for _, variant := range sglangref.Variants {
+		t.Run(variant, func(t *testing.T) {
+			dir := t.TempDir()
+			st, err := store.NewLocal(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newHarness(t, planner.DefaultOptions(), st, localPut(t, dir))
+			cfg, hf := vrefPut(t, h, variant, variant)
+			probe := h.do("POST", "/v1/layouts", map[string]any{
+				"checkpoint": variant, "layout": map[string]any{"engine": "sglang", "tensor_parallel_size": 1, "tp_rank": 0},
+			})
+			if vrefLineUnserved(probe) {
+				t.Skipf("the server does not lay out sglang yet: %d %.300s", probe.status, probe.body)
+			}
+			var unmodelled sglangref.Unmodelled
+			for _, p := range sglangParallels() {
+				what := fmt.Sprintf("%s %+v", variant, p)
+				ref, refErr := sglangref.Rank(cfg, hf, p)
+				if errors.As(refErr, &unmodelled) {
+					t.Fatalf("%s: %v", what, refErr)
+				}
+				res := h.do("POST", "/v1/shards", map[string]any{
+					"checkpoint": variant, "format": "safetensors", "layout": sglangLayout(p),
+				})
+				if sglangFieldUnserved(res) {
+					continue
+				}
+				if refErr != nil {
+					if !vrefIsProblem(res, 422) {
+						t.Errorf("%s: SGLang refuses it (%v); the server answered %d %.200s", what, refErr, res.status, res.body)
+					}
+					continue
+				}
+				if res.status != 200 {
+					t.Errorf("%s: %d %.300s", what, res.status, res.body)
+					continue
+				}
+				vrefReport(t, what, vrefDiff(vrefParseSafetensors(t, res.body), ref))
+				if md := vrefSafetensorsMetadata(t, res.body); md["shardsrv.engine"] != "sglang" {
+					t.Errorf("%s: __metadata__ names engine %q, want sglang", what, md["shardsrv.engine"])
+				}
+			}
+		})
+	}
+}
