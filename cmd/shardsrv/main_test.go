@@ -35,7 +35,7 @@ func TestConfigErrorsSayWhatToFix(t *testing.T) {
 		want string
 	}{
 		{nil, "", "--store is required"},
-		{[]string{"--store", "x", "--window", "0"}, "", "must be positive"},
+		{[]string{"--store", "x", "--window", "-1"}, "", "must not be negative"},
 		{[]string{"--store", "x", "--log-level", "loud"}, "", "--log-level"},
 		{[]string{"--store", "x"}, "nope", "SHARDSRV_MAX_READ"},
 	} {

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/shardsrv/shardsrv/internal/auth"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/cluster"
-	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
 	"github.com/shardsrv/shardsrv/internal/telemetry"
 )
@@ -16,15 +16,15 @@ import (
 type sharedCache struct {
 	cache      *cache.Store       // the top of the store stack, over the cluster store
 	handler    *cluster.Handler   // the peer route and prefetches
-	peerTokens *server.Tokens     // admit peers to the peer route; nil without --peers
+	peerTokens *auth.Tokens       // admit peers to the peer route; nil without --peers
 	discovery  *cluster.Discovery // keeps the peers current while it runs
 }
 
 // openCluster builds the chunk cache over the cluster store over st, and finds the peers.
 // Without --peers the cluster store owns every chunk and only counts what prefetches fill.
 func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.Providers,
-	clientTokens *server.Tokens, certs *certReloader, log *slog.Logger) (*sharedCache, error) {
-	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.ChunkBytes, Timeout: c.cluster.Timeout,
+	clientTokens *auth.Tokens, certs *certReloader, log *slog.Logger) (*sharedCache, error) {
+	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.Chunk(), Timeout: c.cluster.FetchTimeout(),
 		Tracer: tel.Tracer, Meter: tel.Meter, Logger: log}
 	if c.tls.peerCAFile != "" || certs != nil {
 		var err error
@@ -32,10 +32,10 @@ func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.
 			return nil, err
 		}
 	}
-	var peerTokens *server.Tokens
+	var peerTokens *auth.Tokens
 	if c.cluster.TokenFile != "" {
 		var err error
-		if peerTokens, err = server.LoadTokens(c.cluster.TokenFile, server.TokensOptions{Logger: log}); err != nil {
+		if peerTokens, err = auth.LoadTokens(c.cluster.TokenFile, auth.TokensOptions{Logger: log}); err != nil {
 			return nil, err
 		}
 		if clientTokens != nil && clientTokens.Valid(peerTokens.First()) {
@@ -48,7 +48,7 @@ func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.
 	if err != nil {
 		return nil, err
 	}
-	cached, err := cache.New(ring, c.cache.Bytes, c.cache.ChunkBytes)
+	cached, err := cache.New(ring, c.cache.Bytes, c.cache.Chunk())
 	if err != nil {
 		return nil, err
 	}

@@ -11,12 +11,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/shardsrv/shardsrv/internal/auth"
 	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
@@ -33,7 +33,8 @@ import (
 )
 
 // config is serve's configuration, from flags with SHARDSRV_* fallbacks. Each package's part
-// registers its own flags and validates itself; this file only checks what spans parts.
+// registers its own flags and validates itself, and in every part zero is the default but where
+// zero is itself a setting (docs/configuration.md); this file only checks what spans parts.
 type config struct {
 	addr        string
 	store       string
@@ -119,6 +120,10 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	if err := parseStoreURL(c); err != nil {
 		return nil, fmt.Errorf("--store: %v", err)
 	}
+	c.budget.CacheBytes = c.cache.Bytes // the cache keeps its memory within its share
+	if c.cache.Bytes > 0 {
+		c.planner.Align = c.cache.Chunk() // reads of different clients meet in the same chunks
+	}
 	return c, c.validate()
 }
 
@@ -159,14 +164,11 @@ func (c *config) validate() error {
 		errs = append(errs, errors.New(
 			"--store is required: the directory holding checkpoint folders (try 'make run' for an example)"))
 	}
-	if c.cache.Bytes >= c.budget.Bytes {
-		errs = append(errs, errors.New("--cache-bytes must be less than --memory-bytes"))
-	}
 	if c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 || c.storeGrace < 0 {
 		errs = append(errs, errors.New(
 			"--idle-timeout and --shutdown-grace must be positive, --drain-delay and --ready-store-grace at least 0"))
 	}
-	if c.planner.MaxPlanBytes > c.budget.Bytes-c.cache.Bytes {
+	if shared := c.budget.Shared(); shared > 0 && c.planner.MaxPlanBytes > shared {
 		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
 	}
 	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.gcs.Validate(), c.azure.Validate(),
@@ -190,11 +192,7 @@ func serve(args []string, stderr io.Writer) error {
 	var level slog.Level
 	level.UnmarshalText([]byte(c.logLevel))
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	// Keep the Go heap near the memory budget (plus room for the runtime and request metadata),
-	// so the garbage collector works harder before the pod's memory limit is reached.
-	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(c.budget.Bytes + 256<<20)
-	}
+	goMemoryLimit := c.budget.SetGoMemoryLimit()
 	tel, err := telemetry.New(context.Background(), "shardsrv", version)
 	if err != nil {
 		return err
@@ -221,9 +219,9 @@ func serve(args []string, stderr io.Writer) error {
 	if verifier.Mode() != verify.ModeOff {
 		st = verifier.AsStore()
 	}
-	var tokens *server.Tokens
+	var tokens *auth.Tokens
 	if c.tokensFile != "" {
-		if tokens, err = server.LoadTokens(c.tokensFile, server.TokensOptions{Logger: log}); err != nil {
+		if tokens, err = auth.LoadTokens(c.tokensFile, auth.TokensOptions{Logger: log}); err != nil {
 			return err
 		}
 	}
@@ -234,18 +232,14 @@ func serve(args []string, stderr io.Writer) error {
 	defer running.Wait()
 	defer stopBackground()
 	var peers *cluster.Handler
-	var peerTokens *server.Tokens
+	var peerTokens *auth.Tokens
 	if c.cache.Bytes > 0 {
-		if err := mem.Share(c.cache.Bytes); err != nil { // the cache keeps its memory within its share
-			return err
-		}
 		shared, err := openCluster(background, c, st, tel, tokens, certs, log)
 		if err != nil {
 			return err
 		}
 		running.Go(func() { shared.discovery.Run(background) })
 		st, peers, peerTokens = shared.cache, shared.handler, shared.peerTokens
-		c.planner.Align = c.cache.ChunkBytes
 	}
 	executorConfig := c.executor
 	executorConfig.Tracer = tel.Tracer.Tracer("shardsrv/executor")
@@ -290,19 +284,11 @@ func serve(args []string, stderr io.Writer) error {
 		}
 		errc <- httpSrv.Serve(ln)
 	}()
-	log.Info(
-		"serving",
-		"addr",
-		ln.Addr().String(),
-		"store",
-		st.String(),
-		"cache_bytes",
-		c.cache.Bytes,
-		"auth",
-		tokens != nil,
-		"tls",
-		tlsConfig != nil,
-	)
+	// One line says what the flags came to: the settings derived from them, each computed by its owner.
+	log.Info("serving", "addr", ln.Addr().String(), "store", st.String(), "auth", tokens != nil,
+		"tls", tlsConfig != nil, "memory_bytes", c.budget.Bytes, "cache_bytes", c.cache.Bytes,
+		"shared_bytes", mem.Bytes(), "plan_bytes", srv.PlanBytes(), "align_bytes", c.planner.Align,
+		"go_memory_limit", goMemoryLimit)
 	select {
 	case err := <-errc:
 		return err

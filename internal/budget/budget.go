@@ -8,13 +8,17 @@
 // with Retry-After): a request is refused before it is begun rather than the heap grown past the
 // bound. Acquire waits as long as its context lasts: a stream already under way waits for memory
 // (backpressure) rather than failing half-way.
+//
+// The budget also sets what its configuration implies for the Go runtime: the heap's soft limit
+// (SetGoMemoryLimit).
 package budget
 
 import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
+	"os"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -26,11 +30,17 @@ import (
 // ErrBusy is a reservation refused because the budget is spent: come back later.
 var ErrBusy = errors.New("the server's memory budget for streams is spent")
 
-// Config sizes the budget.
+// Config sizes the budget. A field left at zero takes its default, but for the two whose zero is
+// itself a setting, which say so (docs/configuration.md).
 type Config struct {
-	// Bytes is the whole process's budget, the up-front shares included.
+	// Bytes is the whole process's budget, the cache's share included (zero: DefaultBytes).
 	Bytes int64
-	// AdmitWait is how long a reservation may wait for memory before it is refused (ErrBusy).
+	// CacheBytes is set aside up front for the chunk cache, which keeps its memory within it;
+	// reservations share the rest (zero: no share, there is no cache). serve sets it from
+	// --cache-bytes.
+	CacheBytes int64
+	// AdmitWait is how long a reservation may wait for memory before it is refused (ErrBusy);
+	// zero: not at all (the flag's default is DefaultAdmitWait).
 	AdmitWait time.Duration
 }
 
@@ -51,39 +61,61 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"how long a new stream waits for memory before it is refused with 503 and Retry-After")
 }
 
+func (c Config) withDefaults() Config {
+	if c.Bytes == 0 {
+		c.Bytes = DefaultBytes
+	}
+	return c
+}
+
 // Validate reports settings no budget can run with.
 func (c *Config) Validate() error {
-	if c.Bytes <= 0 || c.AdmitWait < 0 {
-		return errors.New("--memory-bytes must be positive, --admit-wait at least 0")
+	d := c.withDefaults()
+	var errs []error
+	if d.Bytes < 0 || d.AdmitWait < 0 || d.CacheBytes < 0 {
+		errs = append(errs, errors.New("--memory-bytes, --cache-bytes and --admit-wait must not be negative"))
 	}
-	return nil
+	if d.CacheBytes >= d.Bytes {
+		errs = append(errs, errors.New("--cache-bytes must be less than --memory-bytes"))
+	}
+	return errors.Join(errs...)
+}
+
+// Shared is what reservations share: the budget less the cache's share.
+func (c Config) Shared() int64 {
+	d := c.withDefaults()
+	return d.Bytes - d.CacheBytes
+}
+
+// runtimeHeadroom is what the Go heap may hold beyond the budget: the runtime, request metadata
+// and garbage not yet collected.
+const runtimeHeadroom = 256 << 20
+
+// SetGoMemoryLimit keeps the Go heap near the budget, so the garbage collector works harder before
+// the pod's memory limit is reached, unless GOMEMLIMIT sets the limit; it returns the limit in
+// effect.
+func (c Config) SetGoMemoryLimit() int64 {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(c.withDefaults().Bytes + runtimeHeadroom)
+	}
+	return debug.SetMemoryLimit(-1)
 }
 
 // Budget is the memory budget. It is safe for concurrent use.
 type Budget struct {
 	memory    *semaphore.Weighted
-	bytes     int64 // what reservations share: the budget less its shares
+	bytes     int64 // what reservations share: the budget less the cache's share
 	held      atomic.Int64
 	admitWait time.Duration
 }
 
-// New returns a budget of cfg.Bytes, nothing held.
+// New returns a budget of cfg.Bytes less cfg.CacheBytes, nothing held. It panics on a Config that
+// Validate refuses: a program validates its configuration before it builds anything.
 func New(cfg Config) *Budget {
-	return &Budget{memory: semaphore.NewWeighted(cfg.Bytes), bytes: cfg.Bytes, admitWait: cfg.AdmitWait}
-}
-
-// Share sets n bytes aside for good, for a part that keeps its own memory within them (the chunk
-// cache); reservations share what is left. Shares are taken before anything is reserved, and
-// leave something to share.
-func (b *Budget) Share(n int64) error {
-	if n < 0 || n >= b.bytes {
-		return fmt.Errorf("a share of %d bytes leaves nothing of a %d-byte budget", n, b.bytes)
+	if err := cfg.Validate(); err != nil {
+		panic("budget: " + err.Error())
 	}
-	if b.held.Load() != 0 || !b.memory.TryAcquire(n) {
-		return errors.New("a share of the memory budget is taken before anything is reserved")
-	}
-	b.bytes -= n
-	return nil
+	return &Budget{memory: semaphore.NewWeighted(cfg.Shared()), bytes: cfg.Shared(), admitWait: cfg.AdmitWait}
 }
 
 // Bytes is what reservations share: the budget less its shares.

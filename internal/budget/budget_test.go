@@ -9,16 +9,13 @@ import (
 	"github.com/shardsrv/shardsrv/internal/budget"
 )
 
-// A share comes off what reservations share and is never counted as held; a reservation larger
-// than the rest waits for all of it; a full budget refuses at once with no AdmitWait.
+// The cache's share comes off what reservations share and is never counted as held; a reservation
+// larger than the rest waits for all of it; a full budget refuses at once with no AdmitWait.
 func TestShareAndReserve(t *testing.T) {
-	b := budget.New(budget.Config{Bytes: 100})
-	if err := b.Share(100); err == nil {
+	if err := (&budget.Config{Bytes: 100, CacheBytes: 100}).Validate(); err == nil {
 		t.Fatal("a share of the whole budget was taken")
 	}
-	if err := b.Share(40); err != nil {
-		t.Fatal(err)
-	}
+	b := budget.New(budget.Config{Bytes: 100, CacheBytes: 40})
 	if b.Bytes() != 60 || b.Held() != 0 {
 		t.Fatalf("after a share of 40 of 100: Bytes %d, Held %d; want 60, 0", b.Bytes(), b.Held())
 	}
@@ -29,14 +26,21 @@ func TestShareAndReserve(t *testing.T) {
 	if _, err := b.Reserve(context.Background(), 1); !errors.Is(err, budget.ErrBusy) {
 		t.Fatalf("a reservation from a spent budget: %v, want ErrBusy", err)
 	}
-	if err := b.Share(1); err == nil {
-		t.Fatal("a share was taken while memory was reserved")
-	}
 	release(10)
 	release(1000) // only what is left of the reservation comes back
 	release(1)
 	if b.Held() != 0 {
 		t.Fatalf("%d bytes held after the reservation was given back", b.Held())
+	}
+}
+
+// A Config left at zero is the default budget, no share taken.
+func TestZeroConfigIsTheDefault(t *testing.T) {
+	if b := budget.New(budget.Config{}); b.Bytes() != budget.DefaultBytes {
+		t.Fatalf("a zero Config shares %d bytes, want DefaultBytes %d", b.Bytes(), budget.DefaultBytes)
+	}
+	if err := (&budget.Config{Bytes: -1}).Validate(); err == nil {
+		t.Fatal("a negative budget was accepted")
 	}
 }
 

@@ -31,12 +31,17 @@ import (
 
 // Config sizes the cache.
 type Config struct {
-	Bytes      int64 // capacity; 0 disables the cache
-	ChunkBytes int64 // the unit of storage reads and of eviction
+	Bytes int64 // capacity; zero: no cache
+	// ChunkBytes is the unit of storage reads and of eviction (zero: DefaultChunkBytes); Chunk
+	// says what is in effect.
+	ChunkBytes int64
 }
 
+// DefaultChunkBytes is the chunk of a cache over a local directory.
+const DefaultChunkBytes = 4 << 20
+
 // DefaultConfig suits a local directory, which the OS page cache already caches: no cache.
-func DefaultConfig() Config { return Config{ChunkBytes: 4 << 20} }
+func DefaultConfig() Config { return Config{ChunkBytes: DefaultChunkBytes} }
 
 // ObjectStoreConfig suits object stores, where every read is a billed round trip: 512 MiB in
 // 256 KiB chunks, so a read costs at most two small chunks more than it needs (a 6 MiB rank of a
@@ -53,10 +58,18 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"the cache's chunk `SIZE`: reads are aligned to it and storage is read in chunks")
 }
 
+// Chunk is the chunk size in effect.
+func (c *Config) Chunk() int64 {
+	if c.ChunkBytes == 0 {
+		return DefaultChunkBytes
+	}
+	return c.ChunkBytes
+}
+
 // Validate reports a cache that cannot hold a chunk.
 func (c *Config) Validate() error {
-	if c.ChunkBytes <= 0 || c.Bytes < 0 || (c.Bytes > 0 && c.Bytes < c.ChunkBytes) {
-		return errors.New("--cache-chunk-bytes must be positive, --cache-bytes 0 or at least one chunk")
+	if c.ChunkBytes < 0 || c.Bytes < 0 || (c.Bytes > 0 && c.Bytes < c.Chunk()) {
+		return errors.New("--cache-chunk-bytes must not be negative, --cache-bytes 0 or at least one chunk")
 	}
 	return nil
 }

@@ -13,17 +13,42 @@ import (
 	"time"
 )
 
-// Config is how a replica finds its peers and talks to them (serve's --peers flags).
+// Config is how a replica finds its peers and talks to them (serve's --peers flags). A duration
+// left at zero takes its default.
 type Config struct {
 	Peers      []string      // every replica's base URL, this one included
 	PeersDNS   string        // a name whose addresses are the replicas (a headless Service)
-	DNSRefresh time.Duration // how often PeersDNS is resolved again
+	DNSRefresh time.Duration // how often PeersDNS is resolved again (zero: DefaultDNSRefresh)
 	Advertise  string        // this replica's base URL as its peers reach it
 	TokenFile  string        // the shared secret peers present to each other
-	Timeout    time.Duration // one chunk fetch from a peer
+	Timeout    time.Duration // one chunk fetch from a peer (zero: DefaultTimeout); FetchTimeout is in effect
 
 	// lookup resolves PeersDNS; net.DefaultResolver.LookupHost unless a test replaces it.
 	lookup func(ctx context.Context, host string) ([]string, error)
+}
+
+// The defaults of the durations. A fetch includes the owner's own storage read, queued behind a
+// fan-in's: on a loaded machine 5 s marked busy replicas down (3 replicas of a 64-pod fan-in on 2
+// cores then read 2.3× the file). A dead replica is found sooner: its connections break, and new
+// ones fail within a second.
+const (
+	DefaultDNSRefresh = 10 * time.Second
+	DefaultTimeout    = 30 * time.Second
+)
+
+// FetchTimeout is the longest one chunk fetch from a peer may take.
+func (c *Config) FetchTimeout() time.Duration {
+	if c.Timeout == 0 {
+		return DefaultTimeout
+	}
+	return c.Timeout
+}
+
+func (c *Config) refresh() time.Duration {
+	if c.DNSRefresh == 0 {
+		return DefaultDNSRefresh
+	}
+	return c.DNSRefresh
 }
 
 // RegisterFlags registers the cluster's flags on fs, with their defaults.
@@ -41,16 +66,13 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		})
 	fs.StringVar(&c.PeersDNS, "peers-dns", "", "`NAME` whose addresses are the replicas (a Kubernetes headless "+
 		"Service), resolved again every --peers-dns-refresh; each peer is --advertise's scheme and port at one")
-	fs.DurationVar(&c.DNSRefresh, "peers-dns-refresh", 10*time.Second, "how often --peers-dns is resolved again")
+	fs.DurationVar(&c.DNSRefresh, "peers-dns-refresh", DefaultDNSRefresh, "how often --peers-dns is resolved again")
 	fs.StringVar(&c.Advertise, "advertise", "", "this replica's base `URL` as its peers reach it "+
 		"(http://POD_IP:8080); it must be one of --peers")
 	fs.StringVar(&c.TokenFile, "peer-token-file", "", "`FILE` holding the secret the replicas share: the first "+
 		"token is sent to peers, any token in it is accepted from them (re-read when it changes; client tokens "+
 		"do not open the peer route)")
-	// A fetch includes the owner's own storage read, queued behind a fan-in's: on a loaded machine 5 s
-	// marked busy replicas down (3 replicas of a 64-pod fan-in on 2 cores then read 2.3× the file).
-	// A dead replica is found sooner: its connections break, and new ones fail within a second.
-	fs.DurationVar(&c.Timeout, "peer-timeout", 30*time.Second, "longest a chunk fetch from a peer may take, "+
+	fs.DurationVar(&c.Timeout, "peer-timeout", DefaultTimeout, "longest a chunk fetch from a peer may take, "+
 		"its storage read included; past it, or when the peer is found down, the replica reads storage itself")
 }
 
@@ -72,8 +94,8 @@ func (c *Config) Validate() error {
 	if c.TokenFile == "" {
 		errs = append(errs, errors.New("--peers and --peers-dns need --peer-token-file: the peer route is never open"))
 	}
-	if c.Timeout <= 0 || c.DNSRefresh <= 0 {
-		errs = append(errs, errors.New("--peer-timeout and --peers-dns-refresh must be positive"))
+	if c.Timeout < 0 || c.DNSRefresh < 0 {
+		errs = append(errs, errors.New("--peer-timeout and --peers-dns-refresh must not be negative"))
 	}
 	self, err := Normalize(c.Advertise)
 	if err != nil {
@@ -124,7 +146,7 @@ func (d *Discovery) Run(ctx context.Context) {
 	if d.c.PeersDNS == "" {
 		return
 	}
-	t := time.NewTicker(d.c.DNSRefresh)
+	t := time.NewTicker(d.c.refresh())
 	defer t.Stop()
 	for {
 		select {
@@ -153,7 +175,7 @@ func (c *Config) resolve(ctx context.Context) ([]string, error) {
 	if lookup == nil {
 		lookup = net.DefaultResolver.LookupHost
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.DNSRefresh)
+	ctx, cancel := context.WithTimeout(ctx, c.refresh())
 	defer cancel()
 	addrs, err := lookup(ctx, c.PeersDNS)
 	if err != nil {

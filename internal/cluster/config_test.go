@@ -42,7 +42,7 @@ func TestConfigValidate(t *testing.T) {
 		{[]string{"--peers-dns", "x", "--peers", "http://a:1", "--advertise", "http://a:1", "--peer-token-file", "f"},
 			"not both"},
 		{[]string{"--peers", "http://a:1", "--advertise", "http://a:1", "--peer-token-file", "f",
-			"--peer-timeout", "0s"}, "must be positive"},
+			"--peer-timeout", "-1s"}, "must not be negative"},
 	} {
 		_, err := parseConfig(t, c.args...)
 		if (c.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.want) {

@@ -56,9 +56,10 @@ type Executor struct {
 	tracer trace.Tracer
 }
 
-// Config sizes an executor.
+// Config sizes an executor. A field left at zero takes its default.
 type Config struct {
-	// Window is how many segments of one stream are read ahead of the writer, at most.
+	// Window is how many segments of one stream are read ahead of the writer, at most (zero:
+	// DefaultWindow).
 	Window int
 	// StreamBytes is the most memory one stream's segments hold at once (0: DefaultStreamBytes);
 	// a segment bigger than it runs alone.
@@ -97,30 +98,37 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"most segments of one response read ahead of the writer (--stream-bytes bounds their memory)")
 }
 
-// Validate reports settings no stream can run with.
+// Validate reports settings no stream can run with: negative ones (zero is the default).
 func (c *Config) Validate() error {
-	if c.Window < 1 || c.StreamBytes <= 0 {
-		return errors.New("--window and --stream-bytes must be positive")
+	if c.Window < 0 || c.StreamBytes < 0 || c.SocketBytes < 0 {
+		return errors.New("--window and --stream-bytes must not be negative")
 	}
 	return nil
 }
 
-// New returns an executor over s whose streams take their memory from mem.
+// New returns an executor over s whose streams take their memory from mem. It panics on a Config
+// that Validate refuses: a program validates its configuration before it builds anything.
 func New(s store.Store, mem *budget.Budget, cfg Config) *Executor {
+	if err := cfg.Validate(); err != nil {
+		panic("executor: " + err.Error())
+	}
 	if cfg.Tracer == nil {
 		cfg.Tracer = noop.NewTracerProvider().Tracer("")
 	}
-	if cfg.StreamBytes <= 0 {
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.StreamBytes == 0 {
 		cfg.StreamBytes = DefaultStreamBytes
 	}
-	if cfg.SocketBytes <= 0 {
+	if cfg.SocketBytes == 0 {
 		cfg.SocketBytes = hostSocketBytes
 	}
 	sc, _ := s.(store.Sectioner)
 	return &Executor{
 		store:       s,
 		sectioner:   sc,
-		window:      max(1, cfg.Window),
+		window:      cfg.Window,
 		streamBytes: cfg.StreamBytes,
 		socketBytes: cfg.SocketBytes,
 		sendfile:    !cfg.NoSendfile,

@@ -28,7 +28,8 @@ import (
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
 
-// Options are the planner's cost model and bounds.
+// Options are the planner's cost model and bounds. A field left at zero takes DefaultOptions'
+// value, but MaxGap and Align, whose zero is none, and NoPieces.
 type Options struct {
 	// SegmentBytes bounds the output bytes produced at once; the executor holds a few segments.
 	SegmentBytes int64
@@ -67,7 +68,7 @@ type Options struct {
 	NoPieces bool
 }
 
-// The defaults of the bounds; a zero Options field takes them.
+// The defaults of the bounds.
 const (
 	DefaultMaxReads       = 1 << 20
 	DefaultMaxOverread    = 16
@@ -108,13 +109,12 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 		"most memory (`SIZE`) one plan may take while it is built and streamed, charged to --memory-bytes (422 above)")
 }
 
-// Validate reports options no plan can be made with.
+// Validate reports options no plan can be made with: negative ones (zero is the default, or for
+// MaxGap and Align none).
 func (o *Options) Validate() error {
-	if o.SegmentBytes <= 0 || o.SegmentReadBytes <= 0 || o.RegionBytes <= 0 || o.MaxRead <= 0 || o.MaxReads <= 0 || o.MaxGap < 0 ||
-		o.MaxOverread < 1 || o.MaxOutputBytes <= 0 || o.MaxPlanBytes <= 0 {
-		return errors.New(
-			"the planner's sizes and counts must be positive (--max-gap may be 0, --max-overread at least 1)",
-		)
+	if o.SegmentBytes < 0 || o.SegmentReadBytes < 0 || o.RegionBytes < 0 || o.MaxRead < 0 || o.MaxReads < 0 ||
+		o.MaxGap < 0 || o.MaxOverread < 0 || o.MaxOutputBytes < 0 || o.MaxPlanBytes < 0 || o.Align < 0 {
+		return errors.New("the planner's sizes and counts must not be negative")
 	}
 	return nil
 }
@@ -212,6 +212,16 @@ type Item struct {
 	// kernel's bytes in it). The planner shares them when the segments would read the same or
 	// interleaved bytes (a transpose's source rows) in many more requests.
 	Rectangle []Read
+}
+
+// Reads are every read the item makes: its rectangle's, then each segment's direct and span reads.
+func (it *Item) Reads() []Read {
+	reads := slices.Clone(it.Rectangle)
+	for _, seg := range it.Segments {
+		reads = append(reads, seg.Direct...)
+		reads = append(reads, seg.Spans...)
+	}
+	return reads
 }
 
 // Piece is the part of one block inside a box, for the plan report.

@@ -39,22 +39,41 @@ type Config struct {
 	Memory  Memory
 	Planner planner.Options
 	// MaxConfigBytes caps the config.json a layout is built from (a ConfigTooLarge Error above,
-	// refused before it is read); must be positive.
+	// refused before it is read; zero: DefaultMaxConfigBytes).
 	MaxConfigBytes int64
 	// Tracer defaults to a no-op.
 	Tracer trace.Tracer
 }
 
+// DefaultMaxConfigBytes is forty times the largest config.json of a released model we know of
+// (multimodal configs of ~100 KB; a text model's is a few KB).
+const DefaultMaxConfigBytes = 4 << 20
+
 // Resolver resolves requests against one catalog.
-type Resolver struct{ cfg Config }
+type Resolver struct {
+	cfg       Config
+	planBytes int64
+}
 
 // New returns a resolver.
 func New(cfg Config) *Resolver {
 	if cfg.Tracer == nil {
 		cfg.Tracer = noop.NewTracerProvider().Tracer("")
 	}
-	return &Resolver{cfg: cfg}
+	if cfg.MaxConfigBytes == 0 {
+		cfg.MaxConfigBytes = DefaultMaxConfigBytes
+	}
+	planBytes := cfg.Planner.MaxPlanBytes
+	if planBytes == 0 {
+		planBytes = planner.DefaultMaxPlanBytes
+	}
+	// At most a quarter of the budget, so that bodies and streams keep room.
+	return &Resolver{cfg: cfg, planBytes: max(1, min(planBytes, cfg.Memory.Bytes()/4))}
 }
+
+// PlanBytes is the memory a plan may grow to, reserved while it is built: the planner's
+// MaxPlanBytes, at most a quarter of the budget.
+func (r *Resolver) PlanBytes() int64 { return r.planBytes }
 
 // Kind is what is wrong with a request that cannot be resolved as sent.
 type Kind int
@@ -116,8 +135,7 @@ func (x *Resolved) Release() { x.release(x.held) }
 func (x *Resolved) ReadFailed(err error) { x.catalog.ReadFailed(x.Plan.Checkpoint, err) }
 
 // Resolve opens req's checkpoint, expands its layout into a copy of it, and plans that. All a plan
-// may grow to is reserved while it is built — the planner's MaxPlanBytes, at most a quarter of the
-// budget so that bodies and streams keep room — and what it holds is kept until Release.
+// may grow to is reserved while it is built (PlanBytes) and what it holds is kept until Release.
 func (r *Resolver) Resolve(ctx context.Context, req *api.ShardRequest, purpose Purpose) (*Resolved, error) {
 	ck, err := r.open(ctx, req.Checkpoint)
 	if err != nil {
@@ -128,10 +146,7 @@ func (r *Resolver) Resolve(ctx context.Context, req *api.ShardRequest, purpose P
 	}
 	opts := r.cfg.Planner
 	opts.NoPieces = purpose == Stream
-	if opts.MaxPlanBytes <= 0 {
-		opts.MaxPlanBytes = planner.DefaultMaxPlanBytes
-	}
-	opts.MaxPlanBytes = max(1, min(opts.MaxPlanBytes, r.cfg.Memory.Bytes()/4))
+	opts.MaxPlanBytes = r.planBytes
 	giveBack, err := r.cfg.Memory.Reserve(ctx, opts.MaxPlanBytes)
 	if err != nil {
 		return nil, err

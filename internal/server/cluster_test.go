@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/auth"
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
@@ -55,7 +56,7 @@ type s3Cluster struct {
 	peerFile  string
 	replicas  []*replica
 	service   *service
-	clientTok *server.Tokens
+	clientTok *auth.Tokens
 	chunk     int64 // the cache's
 }
 
@@ -107,7 +108,7 @@ func (c *s3Cluster) add() *replica {
 		t.Fatal(err)
 	}
 	r := &replica{storage: &storetest.Counting{Store: st}}
-	peerTokens, err := server.LoadTokens(c.peerFile)
+	peerTokens, err := auth.LoadTokens(c.peerFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +374,7 @@ func TestPeerRouteNeedsThePeerSecret(t *testing.T) {
 	dir := t.TempDir()
 	clientFile := filepath.Join(dir, "tokens")
 	os.WriteFile(clientFile, []byte("client-token\n"), 0o600)
-	clientTok, err := server.LoadTokens(clientFile)
+	clientTok, err := auth.LoadTokens(clientFile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/auth"
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
@@ -98,7 +99,7 @@ func (e *opsEnv) post(t *testing.T, path string, body any, header ...string) (*h
 func TestBearerTokens(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "tokens")
 	os.WriteFile(file, []byte("# fleet tokens\nalpha-token\n\nbeta-token # rotating out\n"), 0o600)
-	tokens, err := server.LoadTokens(file)
+	tokens, err := auth.LoadTokens(file)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -73,11 +72,7 @@ func (s *Server) prefetchRanges(r *http.Request, req *api.ShardRequest) ([]clust
 	defer res.Release()
 	s.metrics.planned(r.Context(), res.Plan, res.Planning)
 	for _, it := range res.Plan.Items {
-		reads := slices.Clone(it.Rectangle)
-		for _, seg := range it.Segments {
-			reads = append(reads, slices.Concat(seg.Direct, seg.Spans)...)
-		}
-		for _, rd := range reads {
+		for _, rd := range it.Reads() {
 			ranges = append(ranges, cluster.Chunk{Key: rd.Key, Version: rd.Version, Offset: rd.Offset, Length: rd.Length})
 		}
 	}

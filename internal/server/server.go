@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"sort"
 	"strconv"
@@ -31,6 +30,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/auth"
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
@@ -47,12 +47,12 @@ type Config struct {
 	Catalog  *checkpoint.Catalog
 	Executor *executor.Executor
 	// Budget is the process's memory budget, the executor's too: bodies, plans and /v1/plan reports
-	// are held against it.
+	// are held against it (nil: a budget of budget.DefaultBytes).
 	Budget  *budget.Budget
 	Planner planner.Options
 	Limits  Limits
 	// Tokens, when set, are the bearer tokens every route but /healthz, /readyz and /metrics needs.
-	Tokens *Tokens
+	Tokens *auth.Tokens
 	Logger *slog.Logger
 	// Tracer and Meter default to no-ops; Metrics serves /metrics (404 when nil).
 	Tracer  trace.TracerProvider
@@ -62,13 +62,15 @@ type Config struct {
 	// with PeerTokens the peer route serves it (cluster.go).
 	Cluster *cluster.Handler
 	// PeerTokens admit peers to the peer route, which is not served without them.
-	PeerTokens *Tokens
+	PeerTokens *auth.Tokens
 	// StoreGrace is how long the store may be unreachable before /readyz says not ready (zero: at
 	// once); with a cache it never does (readiness.go).
 	StoreGrace time.Duration
 }
 
-// Limits protect the service from requests that would take more than their share.
+// Limits protect the service from requests that would take more than their share. A field left
+// at zero takes its default (Default*), so a literal names only the limits it changes; nothing is
+// unlimited.
 type Limits struct {
 	MaxBodyBytes int64 // a request body, after decoding (413 above)
 	MaxTensors   int   // tensors per request (413 above)
@@ -85,18 +87,16 @@ type Limits struct {
 	RequestTimeout time.Duration
 	WriteTimeout   time.Duration
 	// BodyTimeout bounds reading a request's body, from the end of its headers (408 after it; the
-	// connection is then closed). Default 30 s.
+	// connection is then closed).
 	BodyTimeout time.Duration
 }
 
 // The limits' defaults, for flags and for Limits left at zero.
 const (
-	DefaultMaxBodyBytes = 64 << 20
-	DefaultMaxTensors   = 65536
-	DefaultMaxBlocks    = 1 << 20
-	// DefaultMaxConfigBytes is forty times the largest config.json of a released model we know of
-	// (multimodal configs of ~100 KB; a text model's is a few KB).
-	DefaultMaxConfigBytes = 4 << 20
+	DefaultMaxBodyBytes   = 64 << 20
+	DefaultMaxTensors     = 65536
+	DefaultMaxBlocks      = 1 << 20
+	DefaultMaxConfigBytes = resolve.DefaultMaxConfigBytes
 	DefaultMaxStreams     = 256
 	DefaultRequestTimeout = 30 * time.Minute
 	DefaultWriteTimeout   = time.Minute
@@ -123,14 +123,33 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 			"only once its body is in")
 }
 
-// Validate reports limits the server cannot run with.
+// Validate reports limits the server cannot run with: negative ones (zero is the default).
 func (l *Limits) Validate() error {
-	if l.MaxBodyBytes < 1 || l.MaxTensors < 1 || l.MaxBlocks < 1 || l.MaxStreams < 1 || l.MaxConfigBytes < 1 ||
-		l.RequestTimeout <= 0 || l.WriteTimeout <= 0 || l.BodyTimeout <= 0 {
+	if l.MaxBodyBytes < 0 || l.MaxTensors < 0 || l.MaxBlocks < 0 || l.MaxStreams < 0 || l.MaxConfigBytes < 0 ||
+		l.RequestTimeout < 0 || l.WriteTimeout < 0 || l.BodyTimeout < 0 {
 		return errors.New("--max-body-bytes, --max-tensors, --max-blocks, --max-streams, --max-config-bytes " +
-			"and the timeouts must be positive")
+			"and the timeouts must not be negative")
 	}
 	return nil
+}
+
+// withDefaults fills the limits left at zero.
+func (l Limits) withDefaults() Limits {
+	orDefault(&l.MaxBodyBytes, DefaultMaxBodyBytes)
+	orDefault(&l.MaxTensors, DefaultMaxTensors)
+	orDefault(&l.MaxBlocks, DefaultMaxBlocks)
+	orDefault(&l.MaxConfigBytes, DefaultMaxConfigBytes)
+	orDefault(&l.MaxStreams, DefaultMaxStreams)
+	orDefault(&l.RequestTimeout, DefaultRequestTimeout)
+	orDefault(&l.WriteTimeout, DefaultWriteTimeout)
+	orDefault(&l.BodyTimeout, DefaultBodyTimeout)
+	return l
+}
+
+func orDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v == 0 {
+		*v = def
+	}
 }
 
 // Server implements gen.ServerInterface.
@@ -146,7 +165,8 @@ type Server struct {
 
 var _ gen.ServerInterface = (*Server)(nil)
 
-// New returns a server.
+// New returns a server. It panics on Limits that Validate refuses: a program validates its
+// configuration before it builds anything.
 func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -157,26 +177,14 @@ func New(cfg Config) *Server {
 	if cfg.Meter == nil {
 		cfg.Meter = metricnoop.NewMeterProvider()
 	}
+	if cfg.Budget == nil {
+		cfg.Budget = budget.New(budget.Config{})
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		panic("server: " + err.Error())
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
 	l := &cfg.Limits
-	for _, v := range []*int{&l.MaxTensors, &l.MaxBlocks, &l.MaxStreams} {
-		if *v <= 0 {
-			*v = math.MaxInt32
-		}
-	}
-	for _, v := range []*time.Duration{&l.RequestTimeout, &l.WriteTimeout} {
-		if *v <= 0 {
-			*v = 24 * time.Hour
-		}
-	}
-	if l.BodyTimeout <= 0 {
-		l.BodyTimeout = DefaultBodyTimeout
-	}
-	if l.MaxBodyBytes <= 0 {
-		l.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if l.MaxConfigBytes <= 0 {
-		l.MaxConfigBytes = DefaultMaxConfigBytes
-	}
 	s := &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
@@ -187,6 +195,9 @@ func New(cfg Config) *Server {
 	s.metrics = newMetrics(cfg.Meter, s)
 	return s
 }
+
+// PlanBytes is the memory a plan may grow to (resolve.Resolver.PlanBytes), for the startup line.
+func (s *Server) PlanBytes() int64 { return s.resolver.PlanBytes() }
 
 // Drain makes /readyz answer 503, so load balancers stop sending requests before shutdown.
 func (s *Server) Drain() { s.draining.Store(true) }
@@ -565,15 +576,8 @@ func planResponse(p *planner.Plan) api.PlanResponse {
 			box.Pieces = append(box.Pieces,
 				api.PiecePlan{Block: pc.Block, Source: pc.Source, Offsets: pc.Offsets, Lengths: pc.Lengths, Mode: mode})
 		}
-		for _, rd := range it.Rectangle {
+		for _, rd := range it.Reads() {
 			box.Reads = append(box.Reads, api.ReadPlan{File: rd.Key, Offset: rd.Offset, Length: rd.Length})
-		}
-		for _, seg := range it.Segments {
-			for _, list := range [][]planner.Read{seg.Direct, seg.Spans} {
-				for _, rd := range list {
-					box.Reads = append(box.Reads, api.ReadPlan{File: rd.Key, Offset: rd.Offset, Length: rd.Length})
-				}
-			}
 		}
 		resp.Tensors[it.Tensor].Name = it.Name
 		resp.Tensors[it.Tensor].Boxes[it.Box] = box

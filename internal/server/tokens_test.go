@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardsrv/shardsrv/internal/auth"
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
@@ -19,9 +20,9 @@ func tokenServer(t *testing.T, contents string) (e *opsEnv, file string, logs *s
 	file = filepath.Join(t.TempDir(), "tokens")
 	os.WriteFile(file, []byte(contents), 0o600)
 	logs = &syncBuffer{}
-	tokens, err := server.LoadTokens(
+	tokens, err := auth.LoadTokens(
 		file,
-		server.TokensOptions{Reload: tokenReload, Logger: slog.New(slog.NewJSONHandler(logs, nil))},
+		auth.TokensOptions{Reload: tokenReload, Logger: slog.New(slog.NewJSONHandler(logs, nil))},
 	)
 	if err != nil {
 		t.Fatal(err)

@@ -78,7 +78,7 @@ func ShardSizeOK(n int64) bool { return n > 0 && n <= MaxShardBytes && n&(n-1) =
 
 // Config is the verification settings.
 type Config struct {
-	Mode     Mode
+	Mode     Mode     // zero: ModeIfSigned
 	KeyFiles []string // PEM public keys (PKIX): ECDSA P-256/P-384/P-521 or Ed25519
 }
 
@@ -262,8 +262,11 @@ type signature struct {
 	id       string
 }
 
-// New wraps inner. Unless it verifies nothing, its counters are instruments of mp (nil: none).
+// New wraps inner (mode zero: ModeIfSigned). Unless it verifies nothing, its counters are instruments of mp (nil: none).
 func New(inner store.Store, mode Mode, keys []crypto.PublicKey, mp metric.MeterProvider) *Store {
+	if mode == "" {
+		mode = ModeIfSigned
+	}
 	if len(keys) == 0 && mode == ModeIfSigned {
 		mode = ModeOff
 	}
