@@ -17,12 +17,22 @@ type model struct {
 	// blockN and blockK are the FP8 scale block (quantization_config.weight_block_size); zero
 	// when the checkpoint is not block-quantized.
 	blockN, blockK int64
-	out            []api.TensorRequest
+	// mxfp4 is a checkpoint whose experts are MXFP4 (quant_method "mxfp4"), which only the
+	// architectures in mxfp4Experts lay out.
+	mxfp4 bool
+	out   []api.TensorRequest
 }
 
 func (m *model) readQuantization() error {
 	q, _ := m.cfg["quantization_config"].(map[string]any)
 	if q == nil {
+		return nil
+	}
+	if config(q).str("quant_method") == "mxfp4" {
+		if !mxfp4Experts[m.cfg.architecture()] {
+			return checkpointError("MXFP4 quantization is laid out for gpt-oss only, not %s", m.cfg.architecture())
+		}
+		m.mxfp4 = true
 		return nil
 	}
 	block, err := intList("quantization_config/weight_block_size", q["weight_block_size"])
