@@ -26,7 +26,7 @@ func TestPrefetchCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	local, _ := store.NewLocal(dir)
-	counting := &storetest.Counting{Store: local}
+	counting := storetest.NewCounting(local)
 	const chunk = 4 << 10
 	ring, err := cluster.New(counting, cluster.Options{ChunkBytes: chunk, StripeBytes: chunk, Timeout: time.Second})
 	if err != nil {

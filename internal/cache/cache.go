@@ -86,9 +86,9 @@ type Stats struct {
 
 // Store is a caching store.Store.
 type Store struct {
-	inner  store.Store
-	split  Splitter      // inner, when it is one
-	align  store.Aligner // inner, when it is one
+	// Forwarder is the store below: Stat, List, Check and the capabilities pass to it; every read
+	// the cache makes is a ReadAt of it, cut at its splits and widened to its alignment.
+	store.Forwarder
 	chunk  int64
 	chunks *lru.Cache[chunkKey, *chunk]
 	sizes  *lru.Cache[string, checked] // per key@version
@@ -153,9 +153,8 @@ func New(inner store.Store, capacity, chunkSize int64) (*Store, error) {
 	if capacity < chunkSize || chunkSize <= 0 {
 		return nil, fmt.Errorf("cache: capacity %d must hold at least one chunk of %d bytes", capacity, chunkSize)
 	}
-	s := &Store{inner: inner, chunk: chunkSize, Revalidate: 5 * time.Second, flights: map[chunkKey]*flight{}}
-	s.split, _ = inner.(Splitter)
-	s.align, _ = inner.(store.Aligner)
+	s := &Store{Forwarder: store.Forwarder{Next: inner}, chunk: chunkSize, Revalidate: 5 * time.Second,
+		flights: map[chunkKey]*flight{}}
 	var err error
 	s.chunks, err = lru.NewWithEvict[chunkKey, *chunk](
 		int(capacity/chunkSize),
@@ -180,28 +179,13 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-func (s *Store) String() string { return s.inner.String() }
-
-// Stat implements store.Store.
-func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
-	return s.inner.Stat(ctx, key)
-}
-
-// List implements store.Store.
-func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
-	return s.inner.List(ctx, prefix)
-}
-
-// Check implements store.Store.
-func (s *Store) Check(ctx context.Context) error { return s.inner.Check(ctx) }
-
 // size is the size of one version of a file; a file whose version moved on is ErrChanged.
 func (s *Store) size(ctx context.Context, key, version string) (int64, error) {
 	c, known := s.sizes.Get(key + "@" + version)
 	if known && time.Since(c.at) < s.Revalidate {
 		return c.size, nil
 	}
-	info, err := s.inner.Stat(ctx, key)
+	info, err := s.Next.Stat(ctx, key)
 	if known && store.Unanswered(ctx, err) {
 		// The store cannot say whether the file moved on: the version known stands, so what the
 		// cache holds of it is served through an outage; the next check is a Revalidate away.
@@ -213,7 +197,7 @@ func (s *Store) size(ctx context.Context, key, version string) (int64, error) {
 	}
 	if info.Version != version {
 		s.sizes.Remove(key + "@" + version)
-		return 0, fmt.Errorf("%s: %q: %w (version %s is now %s)", s.inner, key, store.ErrChanged, version, info.Version)
+		return 0, fmt.Errorf("%s: %q: %w (version %s is now %s)", s.Next, key, store.ErrChanged, version, info.Version)
 	}
 	s.sizes.Add(key+"@"+version, checked{size: info.Size, at: time.Now()})
 	return info.Size, nil
@@ -221,15 +205,12 @@ func (s *Store) size(ctx context.Context, key, version string) (int64, error) {
 
 // checkRange validates a versioned read of [off, end) and returns the file's size.
 func (s *Store) checkRange(ctx context.Context, key, version string, off, end int64) (int64, error) {
-	if err := store.ValidateKey(key); err != nil {
-		return 0, err
-	}
 	size, err := s.size(ctx, key, version)
 	if err != nil {
 		return 0, err
 	}
 	if off < 0 || end < off || end > size {
-		return 0, fmt.Errorf("%s: %q: %w: [%d, %d) of %d bytes", s.inner, key, store.ErrOutOfRange, off, end, size)
+		return 0, fmt.Errorf("%s: %q: %w: [%d, %d) of %d bytes", s.Next, key, store.ErrOutOfRange, off, end, size)
 	}
 	return size, nil
 }
@@ -237,7 +218,7 @@ func (s *Store) checkRange(ctx context.Context, key, version string, off, end in
 // ReadAt implements store.Store. Reads without a version cannot be cached safely and pass through.
 func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
 	if version == "" || len(p) == 0 {
-		return s.inner.ReadAt(ctx, key, version, p, off)
+		return s.Next.ReadAt(ctx, key, version, p, off)
 	}
 	end := off + int64(len(p))
 	size, err := s.checkRange(ctx, key, version, off, end)
@@ -325,14 +306,6 @@ func (s *Store) slices(cs []*chunk, off, end int64) [][]byte {
 // parallel requests move more than one long one.
 const MaxRunBytes = 8 << 20
 
-// Splitter is a store under the cache that a read must not run across some chunk boundaries of:
-// the cluster store reads each stripe from the replica that owns it, and a fill that waited for
-// two owners could wait for a fill that waits for it.
-type Splitter interface {
-	// Split reports whether a run must end before off, a chunk boundary.
-	Split(key, version string, off int64) bool
-}
-
 // pin references every chunk of [off, end) (end > off) of one file version. Missing chunks no
 // fill is under way for are filled in runs of adjacent chunks, one storage read a run, so a read
 // of many small chunks costs one request, not one a chunk; when it fails it holds none. A run is
@@ -354,10 +327,7 @@ func (s *Store) pin(ctx context.Context, key, version string, size, off, end int
 	if !missed {
 		return cs, nil
 	}
-	unit := int64(1)
-	if s.align != nil {
-		unit = max(1, s.align.Alignment(ctx, key, version))
-	}
+	unit := max(1, s.Forwarder.Alignment(ctx, key, version))
 	lo := off / unit * unit / s.chunk                                 // the first chunk a fill may read
 	hi := (min((end+unit-1)/unit*unit, size) + s.chunk - 1) / s.chunk // and the chunk after the last
 	fs := make([]*flight, len(cs))
@@ -395,7 +365,7 @@ func (s *Store) pin(ctx context.Context, key, version string, size, off, end int
 			// A long run is cut where a unit starts, or past one unit more than the longest.
 			n := int64(len(run)+1) * s.chunk
 			if n > max(MaxRunBytes, s.chunk) && (j*s.chunk%unit == 0 || n > MaxRunBytes+unit) ||
-				s.split != nil && s.split.Split(key, version, j*s.chunk) {
+				s.Forwarder.Split(key, version, j*s.chunk) {
 				startRun()
 			}
 			f = &flight{done: make(chan struct{}), index: j}
@@ -496,7 +466,7 @@ func (s *Store) fill(ctx context.Context, key, version string, size int64, run [
 	if buf == nil {
 		buf = make([]byte, int64(len(run))*s.chunk)
 	}
-	err := s.inner.ReadAt(ctx, key, version, buf[:n], off)
+	err := s.Next.ReadAt(ctx, key, version, buf[:n], off)
 	cs := make([]*chunk, len(run))
 	if err == nil {
 		s.fromStore.Add(n)

@@ -38,7 +38,7 @@ func setup(t *testing.T, size int) (*cache.Store, *storetest.Counting, store.Inf
 		data[i] = byte(i * 13)
 	}
 	put("f", data)
-	counting := &storetest.Counting{Store: inner}
+	counting := storetest.NewCounting(inner)
 	c, err := cache.New(counting, 1<<20, 4096)
 	if err != nil {
 		t.Fatal(err)
@@ -282,7 +282,7 @@ func TestFillsReadWholeUnitsOnce(t *testing.T) {
 		key := fmt.Sprint("f", iter)
 		put(key, data)
 		info, _ := inner.Stat(ctx, key)
-		a := &aligned{Counting: &storetest.Counting{Store: inner}, unit: unit, size: size}
+		a := &aligned{Counting: storetest.NewCounting(inner), unit: unit, size: size}
 		c, err := cache.New(a, 64*size+chunk, chunk)
 		if err != nil {
 			t.Fatal(err)

@@ -85,7 +85,6 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
@@ -132,8 +131,10 @@ type Options struct {
 // Store reads chunks through their owners. Reads without a version pass through: without one, no
 // two replicas can know they mean the same bytes.
 type Store struct {
-	inner store.Store
-	opts  Options
+	// Forwarder is the store below: Stat, List, Check and its alignment pass to it, and every
+	// chunk this replica reads itself is a ReadAt of it.
+	store.Forwarder
+	opts Options
 	// stripe is the unit of ownership: the chunks of one stripe have one owner, so a run is asked
 	// of one replica in one request however small the chunks, and a signed shard (a power of two
 	// up to verify.MaxShardBytes, the verifying store's unit of reading) lies in one stripe, never
@@ -159,7 +160,7 @@ var (
 	_ store.Store           = (*Store)(nil)
 	_ store.Aligner         = (*Store)(nil)
 	_ groupcache.PeerPicker = (*Store)(nil)
-	_ cache.Splitter        = (*Store)(nil)
+	_ store.Splitter        = (*Store)(nil)
 )
 
 // Groups are registered once per process under unique names; the picker hook finds each one's
@@ -196,14 +197,14 @@ func New(inner store.Store, opts Options) (*Store, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{
-		inner:   inner,
-		opts:    opts,
-		stripe:  (cmp.Or(opts.StripeBytes, DefaultStripeBytes) + opts.ChunkBytes - 1) / opts.ChunkBytes * opts.ChunkBytes,
-		client:  newClient(opts.Timeout, opts.TLS),
-		tracer:  opts.Tracer.Tracer("shardsrv/cluster"),
-		down:    map[string]time.Time{},
-		waiting: map[string][]*fetchWait{},
-		ring:    consistenthash.New(ringReplicas, ringHash),
+		Forwarder: store.Forwarder{Next: inner},
+		opts:      opts,
+		stripe:    (cmp.Or(opts.StripeBytes, DefaultStripeBytes) + opts.ChunkBytes - 1) / opts.ChunkBytes * opts.ChunkBytes,
+		client:    newClient(opts.Timeout, opts.TLS),
+		tracer:    opts.Tracer.Tracer("shardsrv/cluster"),
+		down:      map[string]time.Time{},
+		waiting:   map[string][]*fetchWait{},
+		ring:      consistenthash.New(ringReplicas, ringHash),
 	}
 	registerOnce.Do(func() {
 		groupcache.RegisterPerGroupPeerPicker(func(name string) groupcache.PeerPicker {
@@ -498,9 +499,6 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 	if version == "" || len(p) == 0 || fromPeer(ctx) || !s.isShared() {
 		return s.readStorage(ctx, key, version, p, off)
 	}
-	if err := store.ValidateKey(key); err != nil {
-		return err
-	}
 	g, gctx := errgroup.WithContext(ctx)
 	end := off + int64(len(p))
 	for lo := off; lo < end; {
@@ -519,7 +517,7 @@ func (s *Store) chunkEnd(off int64) int64 { return (off/s.opts.ChunkBytes + 1) *
 // Stripe is the unit of ownership: the most a peer is asked for in one request.
 func (s *Store) Stripe() int64 { return s.stripe }
 
-// Split implements cache.Splitter: a run ends where a stripe does. A fill then waits for one
+// Split implements store.Splitter: a run ends where a stripe does. A fill then waits for one
 // owner only, so the peer route, which joins the fills under way, never makes a replica wait for
 // a fill that waits for the asker in turn. Cut only where the owner changes, a run could span two
 // stripes whose owners change when a replica dies, and two survivors' fills would wait for each
@@ -543,7 +541,7 @@ func (s *Store) load(ctx context.Context, key string, dest groupcache.Sink) erro
 // readStorage reads from the store below, counting what it read, also into the context's fill
 // counter (countFills).
 func (s *Store) readStorage(ctx context.Context, key, version string, p []byte, off int64) error {
-	if err := s.inner.ReadAt(ctx, key, version, p, off); err != nil {
+	if err := s.Next.ReadAt(ctx, key, version, p, off); err != nil {
 		return err
 	}
 	s.storageLoads.Add(1)
@@ -554,30 +552,6 @@ func (s *Store) readStorage(ctx context.Context, key, version string, p []byte, 
 	s.m.chunk(ctx, "storage")
 	return nil
 }
-
-// Alignment implements store.Aligner for the store below: a run of whole units is read whole by
-// its owner.
-func (s *Store) Alignment(ctx context.Context, key, version string) int64 {
-	if a, ok := s.inner.(store.Aligner); ok {
-		return a.Alignment(ctx, key, version)
-	}
-	return 1
-}
-
-// Stat implements store.Store.
-func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
-	return s.inner.Stat(ctx, key)
-}
-
-// List implements store.Store.
-func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
-	return s.inner.List(ctx, prefix)
-}
-
-// Check implements store.Store.
-func (s *Store) Check(ctx context.Context) error { return s.inner.Check(ctx) }
-
-func (s *Store) String() string { return s.inner.String() }
 
 // Stats are the store's counters since it started.
 type Stats struct {

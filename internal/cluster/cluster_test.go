@@ -83,7 +83,7 @@ func newCluster(t *testing.T, n int, timeout time.Duration, data []byte) ([]*rep
 	func(string, []byte)) {
 	local, put := storetest.Local(t)
 	put("m/f", data)
-	counting := &storetest.Counting{Store: local}
+	counting := storetest.NewCounting(local)
 	var rs []*replica
 	var urls []string
 	for range n {

@@ -37,8 +37,9 @@ type Chunk struct {
 	Offset, Length int64
 }
 
-// groupKey names the chunk in the group. Keys hold no ',' or NUL (store.ValidateKey), so the key
-// ends at the NUL and the version is the rest, whatever it holds.
+// groupKey names the chunk in the group. Keys hold no ',' or NUL (the catalog and the peer route
+// take only keys store.ValidateKey accepts), so the key ends at the NUL and the version is the
+// rest, whatever it holds.
 func (c Chunk) groupKey() string {
 	return strconv.FormatInt(c.Offset, 10) + "," + strconv.FormatInt(c.Length, 10) + "," + c.Key + "\x00" + c.Version
 }

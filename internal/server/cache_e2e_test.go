@@ -35,7 +35,7 @@ func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, 
 		safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{rows, cols}, Data: data},
 	)
 	local, _ := store.NewLocal(dir)
-	counting := &storetest.Counting{Store: local}
+	counting := storetest.NewCounting(local)
 	c, err := cache.New(counting, 64<<20, chunk)
 	if err != nil {
 		t.Fatal(err)

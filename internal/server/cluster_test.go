@@ -107,7 +107,7 @@ func (c *s3Cluster) add() *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &replica{storage: &storetest.Counting{Store: st}}
+	r := &replica{storage: storetest.NewCounting(st)}
 	peerTokens, err := auth.LoadTokens(c.peerFile)
 	if err != nil {
 		t.Fatal(err)

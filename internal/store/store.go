@@ -1,6 +1,12 @@
 // Package store is where checkpoint files are read from: the Store interface every backend
-// implements, the sentinel errors backends map their failures to, key validation, and the
-// local-directory store that is shardsrv's embedded default.
+// implements, the capabilities a store may add (Sectioner, Aligner, Splitter), the Forwarder a
+// decorator embeds to pass on what it does not change, the sentinel errors backends map their
+// failures to, key validation, and the local-directory store that is shardsrv's embedded default.
+//
+// The stack serve builds, bottom up: a backend (Local, or an object store), the telemetry store,
+// the verifying store, the cluster store, the chunk cache. Keys are validated where they enter —
+// the catalog, for what clients send; the peer route — and by the backend at the bottom; the
+// decorators between trust what they are given.
 package store
 
 import (
@@ -47,10 +53,19 @@ type Sectioner interface {
 // Aligner is a store whose reads cost whole aligned units: the verifying store can check only
 // whole signed shards, so it reads any part of one as all of it. A cache above fills such units
 // whole, each once, instead of reading one several times for its parts; a decorator between the
-// two passes it through.
+// two passes it through (Forwarder).
 type Aligner interface {
 	// Alignment is the unit reads of key at version are widened to: 1 when they are not.
 	Alignment(ctx context.Context, key, version string) int64
+}
+
+// Splitter is a store that a cache's read must not run across some chunk boundaries of: the
+// cluster store reads each stripe from the replica that owns it, and a fill that waited for two
+// owners could wait for a fill that waits for it. A decorator between the two passes it through
+// (Forwarder).
+type Splitter interface {
+	// Split reports whether a run must end before off, a chunk boundary.
+	Split(key, version string, off int64) bool
 }
 
 // Range is a byte range of a file.

@@ -13,10 +13,9 @@ import (
 )
 
 // Store wraps every method of a store with a span (reads carry key, offset and length) and the
-// storage counters. It names each method rather than embedding the store, so a method added to the
-// interface cannot go untraced unnoticed.
+// storage counters. The capabilities' answers, which cost no request, pass through untraced.
 type Store struct {
-	next     store.Store
+	store.Forwarder
 	tracer   trace.Tracer
 	bytes    metric.Int64Counter
 	requests metric.Int64Counter
@@ -35,15 +34,17 @@ func InstrumentStore(s store.Store, tp trace.TracerProvider, mp metric.MeterProv
 		"shardsrv.storage.requests",
 		metric.WithDescription("Storage requests, by operation and outcome"),
 	)
-	st := &Store{next: s, tracer: tp.Tracer("shardsrv/store"), bytes: bytes, requests: requests}
+	st := &Store{Forwarder: store.Forwarder{Next: s}, tracer: tp.Tracer("shardsrv/store"), bytes: bytes, requests: requests}
 	if sc, ok := s.(store.Sectioner); ok {
-		return &SectionStore{Store: st, next: sc}
+		return &SectionStore{Store: st, sections: sc}
 	}
 	return st
 }
 
 var (
 	_ store.Store     = (*Store)(nil)
+	_ store.Aligner   = (*Store)(nil)
+	_ store.Splitter  = (*Store)(nil)
 	_ store.Sectioner = (*SectionStore)(nil)
 )
 
@@ -60,7 +61,7 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 	ctx, span := s.tracer.Start(ctx, "store.read", trace.WithAttributes(
 		attribute.String("key", key), attribute.Int64("offset", off), attribute.Int("length", len(p))))
 	defer span.End()
-	err := s.next.ReadAt(ctx, key, version, p, off)
+	err := s.Next.ReadAt(ctx, key, version, p, off)
 	s.count(ctx, "read", err)
 	if err != nil {
 		fail(span, err)
@@ -73,7 +74,7 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 // SectionStore is Store over a store.Sectioner, and one itself.
 type SectionStore struct {
 	*Store
-	next store.Sectioner
+	sections store.Sectioner
 }
 
 // Section implements store.Sectioner. Its span covers the opening; the bytes are counted as they
@@ -86,7 +87,7 @@ func (s *SectionStore) Section(ctx context.Context, key, version string, ranges 
 	ctx, span := s.tracer.Start(ctx, "store.section", trace.WithAttributes(
 		attribute.String("key", key), attribute.Int("ranges", len(ranges)), attribute.Int64("length", n)))
 	defer span.End()
-	sec, err := s.next.Section(ctx, key, version, ranges)
+	sec, err := s.sections.Section(ctx, key, version, ranges)
 	s.count(ctx, "section", err)
 	if err != nil {
 		fail(span, err)
@@ -96,7 +97,7 @@ func (s *SectionStore) Section(ctx context.Context, key, version string, ranges 
 }
 
 // SectionMemory implements store.Sectioner.
-func (s *SectionStore) SectionMemory(n int64) int64 { return s.next.SectionMemory(n) }
+func (s *SectionStore) SectionMemory(n int64) int64 { return s.sections.SectionMemory(n) }
 
 // countedSection adds what a section writes out to the storage read counter.
 type countedSection struct {
@@ -115,7 +116,7 @@ func (c *countedSection) WriteTo(w io.Writer) (int64, error) {
 func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 	ctx, span := s.tracer.Start(ctx, "store.stat", trace.WithAttributes(attribute.String("key", key)))
 	defer span.End()
-	info, err := s.next.Stat(ctx, key)
+	info, err := s.Next.Stat(ctx, key)
 	s.count(ctx, "stat", err)
 	fail(span, err)
 	return info, err
@@ -125,7 +126,7 @@ func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 	ctx, span := s.tracer.Start(ctx, "store.list", trace.WithAttributes(attribute.String("prefix", prefix)))
 	defer span.End()
-	keys, err := s.next.List(ctx, prefix)
+	keys, err := s.Next.List(ctx, prefix)
 	s.count(ctx, "list", err)
 	fail(span, err)
 	return keys, err
@@ -135,14 +136,11 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 func (s *Store) Check(ctx context.Context) error {
 	ctx, span := s.tracer.Start(ctx, "store.check")
 	defer span.End()
-	err := s.next.Check(ctx)
+	err := s.Next.Check(ctx)
 	s.count(ctx, "check", err)
 	fail(span, err)
 	return err
 }
-
-// String implements store.Store.
-func (s *Store) String() string { return s.next.String() }
 
 func fail(span trace.Span, err error) {
 	if err != nil {

@@ -140,9 +140,10 @@ type Stats struct {
 
 // Store verifies what it reads from the store it wraps.
 type Store struct {
-	inner store.Store
-	mode  Mode
-	keys  []crypto.PublicKey
+	// Forwarder is the store below, read and hashed; Check and its splits pass to it.
+	store.Forwarder
+	mode Mode
+	keys []crypto.PublicKey
 	// Revalidate is how long a folder's signature (or its absence) is trusted before storage is
 	// asked again.
 	Revalidate time.Duration
@@ -168,7 +169,7 @@ var (
 // AsStore is the store to read through: s, or over a store.Sectioner (files on this host) a
 // *SectionStore, which sends shards by the store wrapped once they are found intact.
 func (s *Store) AsStore() store.Store {
-	if sc, ok := s.inner.(store.Sectioner); ok {
+	if sc, ok := s.Next.(store.Sectioner); ok {
 		return &SectionStore{Store: s, next: sc}
 	}
 	return s
@@ -271,7 +272,7 @@ func New(inner store.Store, mode Mode, keys []crypto.PublicKey, mp metric.MeterP
 		mode = ModeOff
 	}
 	sigs, _ := lru.New[string, *signature](1024)
-	s := &Store{inner: inner, mode: mode, keys: keys, Revalidate: 5 * time.Second,
+	s := &Store{Forwarder: store.Forwarder{Next: inner}, mode: mode, keys: keys, Revalidate: 5 * time.Second,
 		signatures: sigs, verdicts: newVerdicts()}
 	_, s.keepShards = inner.(store.Sectioner)
 	s.observe(mp)
@@ -286,26 +287,21 @@ func (s *Store) Stats() Stats {
 	return Stats{VerifiedBytes: s.verified.Load(), Failures: s.failures.Load(), HashNanos: s.hashNanos.Load()}
 }
 
-func (s *Store) String() string { return s.inner.String() }
-
 // List implements store.Store. Signatures are the decorator's own: they are not listed.
 func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
-	keys, err := s.inner.List(ctx, prefix)
+	keys, err := s.Next.List(ctx, prefix)
 	if s.mode == ModeOff {
 		return keys, err
 	}
 	return slices.DeleteFunc(keys, func(k string) bool { return path.Base(k) == oms.SignatureFile }), err
 }
 
-// Check implements store.Store.
-func (s *Store) Check(ctx context.Context) error { return s.inner.Check(ctx) }
-
 // versionSep joins a file's version and its signature's id in the versions Stat returns.
 const versionSep = "+oms:"
 
 // Stat implements store.Store: the file's info once the signature vouches for it.
 func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
-	info, err := s.inner.Stat(ctx, key)
+	info, err := s.Next.Stat(ctx, key)
 	if err != nil || s.exempt(key) {
 		return info, err
 	}
@@ -328,17 +324,14 @@ func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
 	if len(p) == 0 {
 		fileVersion, _, _ := strings.Cut(version, versionSep)
-		if err := store.ValidateKey(key); err != nil {
-			return err
-		}
-		return s.inner.ReadAt(ctx, key, fileVersion, p, off)
+		return s.Next.ReadAt(ctx, key, fileVersion, p, off)
 	}
 	t, pass, err := s.target(ctx, key, version)
 	if err != nil {
 		return err
 	}
 	if pass {
-		return s.inner.ReadAt(ctx, key, t.fileVersion, p, off)
+		return s.Next.ReadAt(ctx, key, t.fileVersion, p, off)
 	}
 	m := t.sig.manifest
 	off2, n2, err := m.Align(t.file, off, int64(len(p)))
@@ -346,7 +339,7 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 		return fmt.Errorf("%w: %s: %v", store.ErrOutOfRange, key, err)
 	}
 	if s.keepShards && t.id != "" && len(s.verdicts.unchecked(t.id, off2/m.ShardSize(), (off2+n2-1)/m.ShardSize())) == 0 {
-		return s.inner.ReadAt(ctx, key, t.fileVersion, p, off)
+		return s.Next.ReadAt(ctx, key, t.fileVersion, p, off)
 	}
 	buf := p
 	if off2 != off || n2 != int64(len(p)) {
@@ -374,9 +367,6 @@ type target struct {
 // ignored by its signature, or a files-manifest file that checked out whole.
 func (s *Store) target(ctx context.Context, key, version string) (t target, pass bool, err error) {
 	fileVersion, sigID, signed := strings.Cut(version, versionSep)
-	if err := store.ValidateKey(key); err != nil {
-		return t, false, err
-	}
 	t.fileVersion = fileVersion
 	if s.exempt(key) {
 		return t, true, nil
@@ -397,7 +387,7 @@ func (s *Store) target(ctx context.Context, key, version string) (t target, pass
 	t.sig, t.file = sig, file
 	m := sig.manifest
 	if !m.Covers(file) {
-		if _, err := s.inner.Stat(ctx, key); err != nil || m.Ignored(file) {
+		if _, err := s.Next.Stat(ctx, key); err != nil || m.Ignored(file) {
 			return t, err == nil, err
 		}
 		return t, false, fmt.Errorf("%w: the signature does not cover %s", store.ErrUnverified, key)
@@ -411,7 +401,7 @@ func (s *Store) target(ctx context.Context, key, version string) (t target, pass
 // readChecked fills buf, whole signed shards from off, with bytes that hash as signed, and keeps
 // the verdict where verdicts are kept.
 func (s *Store) readChecked(ctx context.Context, key string, t target, buf []byte, off int64) error {
-	if err := s.inner.ReadAt(ctx, key, t.fileVersion, buf, off); err != nil {
+	if err := s.Next.ReadAt(ctx, key, t.fileVersion, buf, off); err != nil {
 		return err
 	}
 	n := int64(len(buf))
@@ -428,10 +418,12 @@ func (s *Store) readChecked(ctx context.Context, key string, t target, buf []byt
 	return nil
 }
 
-// Alignment implements store.Aligner: a sharded signature's shard size for the files it covers.
+// Alignment implements store.Aligner: a sharded signature's shard size for the files it covers,
+// the store below's alignment for the files it reads unverified.
 func (s *Store) Alignment(ctx context.Context, key, version string) int64 {
-	if _, _, signed := strings.Cut(version, versionSep); !signed || s.exempt(key) {
-		return 1
+	fileVersion, _, signed := strings.Cut(version, versionSep)
+	if !signed || s.exempt(key) {
+		return s.Forwarder.Alignment(ctx, key, fileVersion)
 	}
 	sig, file, err := s.signatureOf(ctx, key, false)
 	if err != nil || sig == nil || sig.manifest.Method() != oms.MethodShards || !sig.manifest.Covers(file) {
@@ -462,11 +454,11 @@ func (s *Store) checkWhole(ctx context.Context, key string, t target, m *oms.Man
 		return nil
 	}
 	_, err, _ := s.group.Do("whole:"+verdictID(key, t.fileVersion)+versionSep+t.sig.id, func() (any, error) {
-		info, err := s.inner.Stat(ctx, key)
+		info, err := s.Next.Stat(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		r := store.ReaderAt(context.WithoutCancel(ctx), s.inner, key, t.fileVersion)
+		r := store.ReaderAt(context.WithoutCancel(ctx), s.Next, key, t.fileVersion)
 		if err := s.check(key, func() error { return m.CheckFile(t.file, r, info.Size) }, info.Size); err != nil {
 			return nil, err
 		}
@@ -556,7 +548,7 @@ func (s *Store) loadSignature(ctx context.Context, dir string, prev *signature) 
 	if dir != "." {
 		key = dir + "/" + key
 	}
-	info, err := s.inner.Stat(ctx, key)
+	info, err := s.Next.Stat(ctx, key)
 	now := time.Now()
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -577,7 +569,7 @@ func (s *Store) loadSignature(ctx context.Context, dir string, prev *signature) 
 	sig := &signature{at: now, found: true, version: info.Version}
 	if err := s.reserved(ctx, info.Size*signatureMemoryFactor, func() error {
 		data := make([]byte, info.Size)
-		if err := s.inner.ReadAt(ctx, key, info.Version, data, 0); err != nil {
+		if err := s.Next.ReadAt(ctx, key, info.Version, data, 0); err != nil {
 			return err
 		}
 		var err error

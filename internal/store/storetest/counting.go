@@ -10,15 +10,18 @@ import (
 // Counting wraps a store and counts the data it reads: for tests that check how many bytes and
 // requests reach storage, exactly.
 type Counting struct {
-	store.Store
+	store.Forwarder
 	reads, bytes atomic.Int64
 }
+
+// NewCounting counts the reads of s.
+func NewCounting(s store.Store) *Counting { return &Counting{Forwarder: store.Forwarder{Next: s}} }
 
 // ReadAt implements store.Store.
 func (c *Counting) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
 	c.reads.Add(1)
 	c.bytes.Add(int64(len(p)))
-	return c.Store.ReadAt(ctx, key, version, p, off)
+	return c.Next.ReadAt(ctx, key, version, p, off)
 }
 
 // Reads is how many ReadAt calls reached the store.
