@@ -1,5 +1,5 @@
 // Package azstore is the store over Azure Blob Storage: every ranged download carries the ETag the
-// catalog saw as If-Match, so a replaced blob fails instead of mixing versions, and objread's
+// catalog saw as If-Match, so a replaced blob fails instead of mixing versions, and objstore's
 // request slots and retries resume a broken body where it stopped. Credentials are a connection
 // string, an account key, or DefaultAzureCredential (Workload Identity on AKS). It passes the
 // store conformance suite.
@@ -30,7 +30,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 
 	"github.com/shardsrv/shardsrv/internal/store"
-	"github.com/shardsrv/shardsrv/internal/store/objread"
+	"github.com/shardsrv/shardsrv/internal/store/objstore"
 )
 
 // The environment variables credentials come from, in this order; without either,
@@ -63,12 +63,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "azure-endpoint", "",
 		"Azure blob service `URL` (Azurite: http://127.0.0.1:10000/ACCOUNT); default "+
 			"https://ACCOUNT.blob.core.windows.net/, or the one in "+EnvConnectionString)
-	objread.RegisterFlags(fs, "azure", "Azure", &c.MaxInFlight, &c.ReadTimeout, &c.RetryBudget)
+	objstore.RegisterFlags(fs, "azure", "Azure", &c.MaxInFlight, &c.ReadTimeout, &c.RetryBudget)
 }
 
 // Validate reports the settings no store can run with.
 func (c *Config) Validate() error {
-	return objread.ValidateFlags("azure", c.MaxInFlight, c.ReadTimeout, c.RetryBudget)
+	return objstore.ValidateFlags("azure", c.MaxInFlight, c.ReadTimeout, c.RetryBudget)
 }
 
 // ParseURL reads az://ACCOUNT/CONTAINER/PREFIX.
@@ -90,17 +90,17 @@ func ParseURL(raw string) (account, container, prefix string, err error) {
 type Store struct {
 	cfg       Config
 	container *container.Client
-	reader    *objread.Reader
+	reader    *objstore.Reader
 	name      string
 }
 
 var _ store.Store = (*Store)(nil)
 
-// New builds a store. The SDK's own retries are off, since objread retries and resumes under one
+// New builds a store. The SDK's own retries are off, since objstore retries and resumes under one
 // budget.
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = objread.DefaultMaxInFlight
+		cfg.MaxInFlight = objstore.DefaultMaxInFlight
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConns = 2 * cfg.MaxInFlight
@@ -121,7 +121,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		name += " at " + redact(cfg.Endpoint)
 	}
 	s := &Store{cfg: cfg, container: client.ServiceClient().NewContainerClient(cfg.Container), name: name}
-	s.reader = objread.New(objread.Config{
+	s.reader = objstore.NewReader(objstore.ReaderConfig{
 		Name:        s.String(),
 		MaxInFlight: cfg.MaxInFlight,
 		ReadTimeout: cfg.ReadTimeout,

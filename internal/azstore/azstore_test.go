@@ -12,7 +12,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/azstore/aztest"
 	"github.com/shardsrv/shardsrv/internal/store"
-	"github.com/shardsrv/shardsrv/internal/store/objread/faultproxy"
+	"github.com/shardsrv/shardsrv/internal/store/objstore/faultproxy"
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 )
 

@@ -1,6 +1,6 @@
 // Package gcsstore is the store over Google Cloud Storage: every ranged read is conditional on the
 // object generation the catalog saw, so a replaced object fails instead of mixing versions, and
-// objread's request slots and retries resume a broken body where it stopped. Credentials are
+// objstore's request slots and retries resume a broken body where it stopped. Credentials are
 // Application Default Credentials (Workload Identity on GKE); an emulator needs none. It passes
 // the store conformance suite.
 package gcsstore
@@ -25,7 +25,7 @@ import (
 	"google.golang.org/api/option"
 
 	"github.com/shardsrv/shardsrv/internal/store"
-	"github.com/shardsrv/shardsrv/internal/store/objread"
+	"github.com/shardsrv/shardsrv/internal/store/objstore"
 )
 
 // Config says which bucket to read and how hard to try.
@@ -49,12 +49,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "gcs-endpoint", "",
 		"GCS emulator `URL`, reached without credentials; default STORAGE_EMULATOR_HOST, else GCS with "+
 			"Application Default Credentials")
-	objread.RegisterFlags(fs, "gcs", "GCS", &c.MaxInFlight, &c.ReadTimeout, &c.RetryBudget)
+	objstore.RegisterFlags(fs, "gcs", "GCS", &c.MaxInFlight, &c.ReadTimeout, &c.RetryBudget)
 }
 
 // Validate reports the settings no store can run with.
 func (c *Config) Validate() error {
-	return objread.ValidateFlags("gcs", c.MaxInFlight, c.ReadTimeout, c.RetryBudget)
+	return objstore.ValidateFlags("gcs", c.MaxInFlight, c.ReadTimeout, c.RetryBudget)
 }
 
 // ParseURL reads gs://BUCKET/PREFIX.
@@ -75,14 +75,14 @@ func ParseURL(raw string) (bucket, prefix string, err error) {
 type Store struct {
 	cfg    Config
 	bucket *storage.BucketHandle
-	reader *objread.Reader
+	reader *objstore.Reader
 	name   string
 }
 
 var _ store.Store = (*Store)(nil)
 
 // New builds a store. Reads use the JSON API, as the SDK recommends; the SDK's own retries are
-// off, since objread retries and resumes under one budget.
+// off, since objstore retries and resumes under one budget.
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	opts := []option.ClientOption{storage.WithJSONReads()}
 	emulator := cfg.Endpoint
@@ -105,7 +105,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		name += " at " + emulator
 	}
 	s := &Store{cfg: cfg, bucket: client.Bucket(cfg.Bucket), name: name}
-	s.reader = objread.New(objread.Config{
+	s.reader = objstore.NewReader(objstore.ReaderConfig{
 		Name:        s.String(),
 		MaxInFlight: cfg.MaxInFlight,
 		ReadTimeout: cfg.ReadTimeout,

@@ -10,7 +10,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/gcsstore"
 	"github.com/shardsrv/shardsrv/internal/gcsstore/gcstest"
 	"github.com/shardsrv/shardsrv/internal/store"
-	"github.com/shardsrv/shardsrv/internal/store/objread/faultproxy"
+	"github.com/shardsrv/shardsrv/internal/store/objstore/faultproxy"
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 )
 

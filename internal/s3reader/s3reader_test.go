@@ -10,7 +10,8 @@ import (
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/store"
-	"github.com/shardsrv/shardsrv/internal/store/objread/faultproxy"
+	"github.com/shardsrv/shardsrv/internal/store/objstore"
+	"github.com/shardsrv/shardsrv/internal/store/objstore/faultproxy"
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 )
 
@@ -56,7 +57,7 @@ func TestS3Faults(t *testing.T) {
 		NewProxy:     g.NewProxy,
 		Store: func(t *testing.T, endpoint, bucket string, readTimeout, retryBudget time.Duration) store.Store {
 			s, err := s3reader.New(context.Background(), s3reader.Config{Bucket: bucket, Endpoint: endpoint,
-				ReadTimeout: readTimeout, RetryBudget: retryBudget})
+				Tunables: objstore.Tunables{ReadTimeout: readTimeout, RetryBudget: retryBudget}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -59,14 +59,14 @@ func TestTransientClassification(t *testing.T) {
 		{"changed", fmt.Errorf("x: %w", store.ErrChanged), false},
 		{"plain error", errors.New("something"), false},
 	} {
-		if got := transient(c.err); got != c.want {
+		if got := (&bucket{}).Transient(c.err); got != c.want {
 			t.Errorf("%s: transient = %v, want %v", c.name, got, c.want)
 		}
 	}
 }
 
 func TestClassifySentinels(t *testing.T) {
-	s := &Store{cfg: Config{Bucket: "b"}, name: "s3://b"}
+	b := &bucket{name: "b"}
 	for _, c := range []struct {
 		err  error
 		want error
@@ -78,8 +78,8 @@ func TestClassifySentinels(t *testing.T) {
 		{responseError(416, "InvalidRange"), store.ErrOutOfRange},
 		{responseError(503, "SlowDown"), store.ErrUnavailable},
 	} {
-		if got := s.classify(c.err); !errors.Is(got, c.want) {
-			t.Errorf("classify(%v) = %v, want %v", c.err, got, c.want)
+		if got := b.Classify(c.err); !errors.Is(got, c.want) {
+			t.Errorf("Classify(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/store/objstore"
 )
 
 // syncBuffer collects log lines from concurrent handlers.
@@ -197,7 +198,7 @@ func TestS3SlowDownIsRetried(t *testing.T) {
 }
 
 func TestS3SlowDownEverywhereIs503(t *testing.T) {
-	e := faultServer(t, s3reader.Config{RetryBudget: 500 * time.Millisecond})
+	e := faultServer(t, s3reader.Config{Tunables: objstore.Tunables{RetryBudget: 500 * time.Millisecond}})
 	e.proxy.Decide = func(_ int, r *http.Request) s3test.Fault {
 		if dataRead(r) {
 			return s3test.SlowDown
@@ -231,13 +232,13 @@ func TestS3BrokenBodiesResumeWhereTheyStopped(t *testing.T) {
 }
 
 func TestS3StalledReadIsRetried(t *testing.T) {
-	e := faultServer(t, s3reader.Config{ReadTimeout: 300 * time.Millisecond})
+	e := faultServer(t, s3reader.Config{Tunables: objstore.Tunables{ReadTimeout: 300 * time.Millisecond}})
 	e.proxy.Decide = faultsOnData(map[int]s3test.Fault{2: s3test.Stall})
 	e.expectBytes(t, e.data)
 }
 
 func TestS3StalledStoreTimesOutWithin(t *testing.T) {
-	e := faultServer(t, s3reader.Config{ReadTimeout: 200 * time.Millisecond, RetryBudget: time.Second})
+	e := faultServer(t, s3reader.Config{Tunables: objstore.Tunables{ReadTimeout: 200 * time.Millisecond, RetryBudget: time.Second}})
 	e.proxy.Decide = func(_ int, r *http.Request) s3test.Fault {
 		if dataRead(r) {
 			return s3test.Stall
@@ -299,7 +300,7 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 	t.Setenv("AWS_SECRET_ACCESS_KEY", secret)
 	st, err := s3reader.New(
 		context.Background(),
-		s3reader.Config{Bucket: e.bucket, Endpoint: e.proxy.URL, RetryBudget: time.Second},
+		s3reader.Config{Bucket: e.bucket, Endpoint: e.proxy.URL, Tunables: objstore.Tunables{RetryBudget: time.Second}},
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -333,7 +334,7 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 }
 
 func TestS3MissingBucketIsA502(t *testing.T) {
-	e := faultServer(t, s3reader.Config{Bucket: "no-such-bucket", RetryBudget: time.Second})
+	e := faultServer(t, s3reader.Config{Bucket: "no-such-bucket", Tunables: objstore.Tunables{RetryBudget: time.Second}})
 	e.expectProblem(t, 502, "no-such-bucket", "urn:shardsrv:problem:store-bucket-missing", `"retryable":false`)
 	res, _ := http.Get(e.url + "/readyz")
 	if res.StatusCode != 503 {

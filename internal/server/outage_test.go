@@ -22,6 +22,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/store/objstore"
 	"github.com/shardsrv/shardsrv/internal/telemetry"
 )
 
@@ -42,7 +43,7 @@ func TestAnOutageWithTheCacheServesWhatItHolds(t *testing.T) {
 	}
 	g.Put(t, "outage", "m/model.safetensors", file.Bytes())
 	st, err := s3reader.New(context.Background(), s3reader.Config{Bucket: "outage", Endpoint: g.Endpoint,
-		ReadTimeout: 2 * time.Second, RetryBudget: time.Second})
+		Tunables: objstore.Tunables{ReadTimeout: 2 * time.Second, RetryBudget: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
 	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/store/objstore"
 )
 
 // An S3 outage (the gateway stopped: every connection refused) shorter than the store grace keeps
@@ -24,7 +25,7 @@ func TestReadinessSurvivesAStoreOutageShorterThanTheGrace(t *testing.T) {
 	g := s3test.Start(t)
 	g.CreateBucket(t, "ready")
 	st, err := s3reader.New(context.Background(), s3reader.Config{Bucket: "ready", Endpoint: g.Endpoint,
-		ReadTimeout: 2 * time.Second, RetryBudget: time.Second})
+		Tunables: objstore.Tunables{ReadTimeout: 2 * time.Second, RetryBudget: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 
 	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
-	"github.com/shardsrv/shardsrv/internal/store/objread/faultproxy"
+	"github.com/shardsrv/shardsrv/internal/store/objstore/faultproxy"
 )
 
 // Azurite's development account and its published key: test values, never real ones.

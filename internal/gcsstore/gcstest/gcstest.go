@@ -20,7 +20,7 @@ import (
 	"google.golang.org/api/option"
 
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
-	"github.com/shardsrv/shardsrv/internal/store/objread/faultproxy"
+	"github.com/shardsrv/shardsrv/internal/store/objstore/faultproxy"
 )
 
 // Server is a running fake-gcs-server.

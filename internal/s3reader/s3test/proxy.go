@@ -3,7 +3,7 @@ package s3test
 import (
 	"net/http"
 
-	"github.com/shardsrv/shardsrv/internal/store/objread/faultproxy"
+	"github.com/shardsrv/shardsrv/internal/store/objstore/faultproxy"
 )
 
 // Fault is what the proxy does to one request.

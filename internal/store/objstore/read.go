@@ -1,19 +1,4 @@
-// Package objread is the read path every object store (S3, GCS, Azure Blob) shares: request slots,
-// a timeout per attempt, a total retry budget, full-jitter backoff, and ranged reads whose broken
-// bodies are resumed at the missing tail. A store supplies only what its SDK knows: how to open a
-// ranged body pinned to a version, which errors are worth another attempt, and which sentinel an
-// error stands for.
-//
-// Why not gocloud.dev/blob, which would open all three stores behind one API: its NewRangeReader
-// takes no version, so pinning a read to the ETag or generation the catalog saw means reaching
-// through BeforeRead and As() into each SDK's request type, three SDK-specific code paths behind
-// the portable facade. Resuming a broken body is left to each SDK (Azure's retry reader and GCS's
-// reader reopen, an S3 body does not), under each SDK's own retries, where this server needs one
-// budget per read and a cap on requests across all reads. Its errors come back as portable codes;
-// telling a replaced object, a range past the end, throttling and refused credentials apart needs
-// the SDK's error again (ErrorAs). What it would save, opening clients and listing, is the small
-// part; the read path, the part that must be right, it does not cover.
-package objread
+package objstore
 
 import (
 	"context"
@@ -58,8 +43,8 @@ func ValidateFlags(name string, maxInFlight int, readTimeout, retryBudget time.D
 	return nil
 }
 
-// Config is one store's policy and what its SDK knows about errors.
-type Config struct {
+// ReaderConfig is one store's policy and what its SDK knows about errors.
+type ReaderConfig struct {
 	// Name names the store in errors, without secrets.
 	Name string
 	// MaxInFlight caps concurrent requests to the store.
@@ -78,12 +63,12 @@ type Config struct {
 
 // Reader runs one store's requests under its policy. It is safe for concurrent use.
 type Reader struct {
-	cfg   Config
+	cfg   ReaderConfig
 	slots chan struct{}
 }
 
-// New builds a reader; zero tunables take the defaults.
-func New(cfg Config) *Reader {
+// NewReader builds a reader; zero tunables take the defaults.
+func NewReader(cfg ReaderConfig) *Reader {
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}

@@ -1,4 +1,4 @@
-package objread
+package objstore
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 var errBusy = errors.New("busy")
 
 func testReader(budget time.Duration) *Reader {
-	return New(Config{
+	return NewReader(ReaderConfig{
 		Name:        "test store",
 		ReadTimeout: 100 * time.Millisecond,
 		RetryBudget: budget,
@@ -194,7 +194,7 @@ func TestDoTimesOutAStalledAttempt(t *testing.T) {
 }
 
 func TestDoHoldsToTheSlots(t *testing.T) {
-	r := New(Config{Name: "s", MaxInFlight: 2, Transient: func(error) bool { return false },
+	r := NewReader(ReaderConfig{Name: "s", MaxInFlight: 2, Transient: func(error) bool { return false },
 		Classify: func(err error) error { return err }})
 	var mu sync.Mutex
 	now, peak := 0, 0
