@@ -1,8 +1,8 @@
-// Package gcsstore is the store over Google Cloud Storage: every ranged read is conditional on the
-// object generation the catalog saw, so a replaced object fails instead of mixing versions, and
-// objstore's request slots and retries resume a broken body where it stopped. Credentials are
-// Application Default Credentials (Workload Identity on GKE); an emulator needs none. It passes
-// the store conformance suite.
+// Package gcsstore is the store over Google Cloud Storage, an objstore backend: every ranged read
+// is conditional on the object generation the catalog saw, so a replaced object fails instead of
+// mixing versions; errors are retried by the SDK's own classification (storage.ShouldRetry).
+// Credentials are Application Default Credentials (Workload Identity on GKE); an emulator needs
+// none. objstore does the rest; it passes the store conformance suite.
 package gcsstore
 
 import (
@@ -13,10 +13,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"cloud.google.com/go/auth"
 	"cloud.google.com/go/storage"
@@ -35,12 +33,7 @@ type Config struct {
 	// Endpoint is an emulator's URL (fake-gcs-server), reached without credentials. Empty:
 	// STORAGE_EMULATOR_HOST, else Google Cloud Storage with Application Default Credentials.
 	Endpoint string
-	// MaxInFlight caps concurrent requests to the store.
-	MaxInFlight int
-	// ReadTimeout bounds one attempt of one read, headers and body.
-	ReadTimeout time.Duration
-	// RetryBudget bounds the time one read spends on retries.
-	RetryBudget time.Duration
+	objstore.Tunables
 }
 
 // RegisterFlags registers the GCS flags on fs, with their defaults. Bucket and Prefix come from
@@ -49,41 +42,24 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "gcs-endpoint", "",
 		"GCS emulator `URL`, reached without credentials; default STORAGE_EMULATOR_HOST, else GCS with "+
 			"Application Default Credentials")
-	objstore.RegisterFlags(fs, "gcs", "GCS", &c.MaxInFlight, &c.ReadTimeout, &c.RetryBudget)
+	c.Tunables.RegisterFlags(fs, "gcs", "GCS")
 }
 
 // Validate reports the settings no store can run with.
-func (c *Config) Validate() error {
-	return objstore.ValidateFlags("gcs", c.MaxInFlight, c.ReadTimeout, c.RetryBudget)
-}
+func (c *Config) Validate() error { return c.Tunables.Validate("gcs") }
 
 // ParseURL reads gs://BUCKET/PREFIX.
 func ParseURL(raw string) (bucket, prefix string, err error) {
-	rest, ok := strings.CutPrefix(raw, "gs://")
-	if !ok || rest == "" {
-		return "", "", fmt.Errorf("%q is not gs://BUCKET[/PREFIX]", raw)
+	names, prefix, err := objstore.ParseURL(raw, "gs://BUCKET[/PREFIX]")
+	if err != nil {
+		return "", "", err
 	}
-	bucket, prefix, _ = strings.Cut(rest, "/")
-	prefix = strings.Trim(prefix, "/")
-	if bucket == "" {
-		return "", "", fmt.Errorf("%q names no bucket", raw)
-	}
-	return bucket, prefix, nil
+	return names[0], prefix, nil
 }
-
-// Store reads objects of one bucket under a prefix.
-type Store struct {
-	cfg    Config
-	bucket *storage.BucketHandle
-	reader *objstore.Reader
-	name   string
-}
-
-var _ store.Store = (*Store)(nil)
 
 // New builds a store. Reads use the JSON API, as the SDK recommends; the SDK's own retries are
 // off, since objstore retries and resumes under one budget.
-func New(ctx context.Context, cfg Config) (*Store, error) {
+func New(ctx context.Context, cfg Config) (*objstore.Store, error) {
 	opts := []option.ClientOption{storage.WithJSONReads()}
 	emulator := cfg.Endpoint
 	if emulator != "" {
@@ -97,152 +73,87 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("gcs store: %w", err)
 	}
 	client.SetRetry(storage.WithPolicy(storage.RetryNever))
-	name := "gs://" + cfg.Bucket
-	if cfg.Prefix != "" {
-		name += "/" + cfg.Prefix
-	}
-	if emulator != "" {
-		name += " at " + emulator
-	}
-	s := &Store{cfg: cfg, bucket: client.Bucket(cfg.Bucket), name: name}
-	s.reader = objstore.NewReader(objstore.ReaderConfig{
-		Name:        s.String(),
-		MaxInFlight: cfg.MaxInFlight,
-		ReadTimeout: cfg.ReadTimeout,
-		RetryBudget: cfg.RetryBudget,
-		Transient:   storage.ShouldRetry,
-		Classify:    s.classify,
-	})
-	return s, nil
+	b := &bucket{handle: client.Bucket(cfg.Bucket), name: cfg.Bucket, prefix: cfg.Prefix}
+	return objstore.New(b, objstore.Config{Kind: "GCS", Bucket: "gs://" + cfg.Bucket, Prefix: cfg.Prefix,
+		Endpoint: emulator, Tunables: cfg.Tunables}), nil
 }
 
-func (s *Store) String() string { return "GCS store " + s.name }
-
-func (s *Store) key(key string) string {
-	if s.cfg.Prefix == "" {
-		return key
-	}
-	return s.cfg.Prefix + "/" + key
+// bucket is the objstore.Backend over one GCS bucket.
+type bucket struct {
+	handle       *storage.BucketHandle
+	name, prefix string
 }
 
-// Stat implements store.Store; the version is the object's generation.
-func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
-	if err := store.ValidateKey(key); err != nil {
+// Head implements objstore.Backend; the version is the object's generation.
+func (b *bucket) Head(ctx context.Context, name string) (store.Info, error) {
+	attrs, err := b.handle.Object(name).Attrs(ctx)
+	if err != nil {
 		return store.Info{}, err
 	}
-	var info store.Info
-	err := s.reader.Do(ctx, key, func(ctx context.Context) error {
-		attrs, err := s.bucket.Object(s.key(key)).Attrs(ctx)
-		if err != nil {
-			return err
-		}
-		info = store.Info{Size: attrs.Size, Version: strconv.FormatInt(attrs.Generation, 10)}
-		return nil
-	})
-	return info, err
+	return store.Info{Size: attrs.Size, Version: strconv.FormatInt(attrs.Generation, 10)}, nil
 }
 
-// ReadAt implements store.Store: ranged reads conditional on the generation in version, resumed
-// where a body broke off. A read of a missing bucket fails as a missing object does, so a read that
-// finds nothing asks the bucket once whether it is there.
-func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
-	err := s.readAt(ctx, key, version, p, off)
-	if errors.Is(err, store.ErrNotFound) {
-		if cerr := s.Check(ctx); errors.Is(cerr, store.ErrNoBucket) {
-			return cerr
+// Open implements objstore.Backend: a ranged read conditional on the generation in version.
+func (b *bucket) Open(ctx context.Context, name, version string, off, n int64) (io.ReadCloser, int64, error) {
+	obj := b.handle.Object(name)
+	var gen int64
+	if version != "" {
+		var err error
+		if gen, err = strconv.ParseInt(version, 10, 64); err != nil || gen <= 0 {
+			return nil, 0, fmt.Errorf("%w: %q is no generation", store.ErrChanged, version)
 		}
+		obj = obj.If(storage.Conditions{GenerationMatch: gen})
 	}
-	return err
+	r, err := obj.NewRangeReader(ctx, off, n)
+	if err != nil {
+		return nil, 0, err
+	}
+	// An emulator that ignores the condition must not hand over another generation's bytes.
+	if gen != 0 && r.Attrs.Generation > 0 && r.Attrs.Generation != gen {
+		r.Close()
+		return nil, 0, fmt.Errorf("%w (generation %d, expected %d)", store.ErrChanged, r.Attrs.Generation, gen)
+	}
+	return r, r.Remain(), nil
 }
 
-func (s *Store) readAt(ctx context.Context, key, version string, p []byte, off int64) error {
-	return s.reader.ReadAt(ctx, key, p, off, func(ctx context.Context, off, n int64) (io.ReadCloser, int64, error) {
-		obj := s.bucket.Object(s.key(key))
-		var gen int64
-		if version != "" {
-			var err error
-			if gen, err = strconv.ParseInt(version, 10, 64); err != nil || gen <= 0 {
-				return nil, 0, fmt.Errorf("%w: %q is no generation", store.ErrChanged, version)
-			}
-			obj = obj.If(storage.Conditions{GenerationMatch: gen})
-		}
-		r, err := obj.NewRangeReader(ctx, off, n)
-		if err != nil {
-			return nil, 0, err
-		}
-		// An emulator that ignores the condition must not hand over another generation's bytes.
-		if gen != 0 && r.Attrs.Generation > 0 && r.Attrs.Generation != gen {
-			r.Close()
-			return nil, 0, fmt.Errorf("%w (generation %d, expected %d)", store.ErrChanged, r.Attrs.Generation, gen)
-		}
-		return r, r.Remain(), nil
-	})
-}
-
-// List implements store.Store. Each page is one attempt, resumed from its page token.
-func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
-	full := s.cfg.Prefix
-	if prefix != "" {
-		if err := store.ValidateKey(prefix); err != nil {
-			return nil, err
-		}
-		full = s.key(prefix)
-	}
-	if full != "" {
-		full += "/"
-	}
-	q := &storage.Query{Prefix: full}
+// List implements objstore.Backend: one page of 1,000 names.
+func (b *bucket) List(ctx context.Context, prefix, token string) ([]string, string, error) {
+	q := &storage.Query{Prefix: prefix}
 	if err := q.SetAttrSelection([]string{"Name"}); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	var keys []string
-	for token := ""; ; {
-		var page []*storage.ObjectAttrs
-		err := s.reader.Do(ctx, prefix, func(ctx context.Context) error {
-			page = page[:0]
-			next, err := iterator.NewPager(s.bucket.Objects(ctx, q), 1000, token).NextPage(&page)
-			if err == nil {
-				token = next
-			}
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		for _, o := range page {
-			k := strings.TrimPrefix(o.Name, s.cfg.Prefix+"/")
-			if s.cfg.Prefix == "" {
-				k = o.Name
-			}
-			if store.ValidateKey(k) == nil {
-				keys = append(keys, k)
-			}
-		}
-		if token == "" {
-			break
-		}
+	var page []*storage.ObjectAttrs
+	next, err := iterator.NewPager(b.handle.Objects(ctx, q), 1000, token).NextPage(&page)
+	if err != nil {
+		return nil, "", err
 	}
-	sort.Strings(keys)
-	return keys, nil
+	names := make([]string, len(page))
+	for i, o := range page {
+		names[i] = o.Name
+	}
+	return names, next, nil
 }
 
-// Check implements store.Store: the bucket answers a listing of the prefix, which a reader's role
-// (storage.objects.list) allows where reading the bucket's metadata may not.
-func (s *Store) Check(ctx context.Context) error {
-	q := &storage.Query{Prefix: s.cfg.Prefix}
+// Check implements objstore.Backend: the bucket answers a listing of the prefix, which a reader's
+// role (storage.objects.list) allows where reading the bucket's metadata may not.
+func (b *bucket) Check(ctx context.Context) error {
+	q := &storage.Query{Prefix: b.prefix}
 	if err := q.SetAttrSelection([]string{"Name"}); err != nil {
 		return err
 	}
-	it := s.bucket.Objects(ctx, q)
+	it := b.handle.Objects(ctx, q)
 	it.PageInfo().MaxSize = 1
 	if _, err := it.Next(); err != nil && err != iterator.Done {
-		return s.reader.Err("", err)
+		return err
 	}
 	return nil
 }
 
-// classify turns GCS errors into the store's sentinels.
-func (s *Store) classify(err error) error {
+// Transient implements objstore.Backend by the SDK's own classification.
+func (b *bucket) Transient(err error) bool { return storage.ShouldRetry(err) }
+
+// Classify implements objstore.Backend.
+func (b *bucket) Classify(err error) error {
 	var ge *googleapi.Error
 	code := 0
 	if errors.As(err, &ge) {
@@ -250,11 +161,8 @@ func (s *Store) classify(err error) error {
 	}
 	var ae *auth.Error
 	switch {
-	case errors.Is(err, store.ErrChanged), errors.Is(err, store.ErrOutOfRange),
-		errors.Is(err, context.DeadlineExceeded):
-		return err
 	case errors.Is(err, storage.ErrBucketNotExist):
-		return fmt.Errorf("%w: the bucket %q does not exist", store.ErrNoBucket, s.cfg.Bucket)
+		return fmt.Errorf("%w: the bucket %q does not exist", store.ErrNoBucket, b.name)
 	case code == http.StatusPreconditionFailed:
 		return fmt.Errorf("%w (the object was replaced)", store.ErrChanged)
 	case code == http.StatusRequestedRangeNotSatisfiable:

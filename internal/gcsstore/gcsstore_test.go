@@ -10,6 +10,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/gcsstore"
 	"github.com/shardsrv/shardsrv/internal/gcsstore/gcstest"
 	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/store/objstore"
 	"github.com/shardsrv/shardsrv/internal/store/objstore/faultproxy"
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 )
@@ -58,7 +59,7 @@ func TestGCSFaults(t *testing.T) {
 		NewProxy:     g.NewProxy,
 		Store: func(t *testing.T, endpoint, bucket string, readTimeout, retryBudget time.Duration) store.Store {
 			s, err := gcsstore.New(context.Background(), gcsstore.Config{Bucket: bucket, Endpoint: endpoint,
-				ReadTimeout: readTimeout, RetryBudget: retryBudget})
+				Tunables: objstore.Tunables{ReadTimeout: readTimeout, RetryBudget: retryBudget}})
 			if err != nil {
 				t.Fatal(err)
 			}
