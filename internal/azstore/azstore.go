@@ -1,8 +1,8 @@
-// Package azstore is the store over Azure Blob Storage: every ranged download carries the ETag the
-// catalog saw as If-Match, so a replaced blob fails instead of mixing versions, and objstore's
-// request slots and retries resume a broken body where it stopped. Credentials are a connection
-// string, an account key, or DefaultAzureCredential (Workload Identity on AKS). It passes the
-// store conformance suite.
+// Package azstore is the store over Azure Blob Storage, an objstore backend: every ranged
+// download carries the ETag the catalog saw as If-Match, so a replaced blob fails instead of
+// mixing versions; errors are retried on the statuses azcore's retry policy retries. Credentials
+// are a connection string, an account key, or DefaultAzureCredential (Workload Identity on AKS).
+// objstore does the rest; it passes the store conformance suite.
 package azstore
 
 import (
@@ -16,10 +16,8 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
@@ -49,12 +47,7 @@ type Config struct {
 	// http://127.0.0.1:10000/ACCOUNT). Empty: https://ACCOUNT.blob.core.windows.net/, or the
 	// connection string's.
 	Endpoint string
-	// MaxInFlight caps concurrent requests to the store; the connection pool keeps as many idle.
-	MaxInFlight int
-	// ReadTimeout bounds one attempt of one read, headers and body.
-	ReadTimeout time.Duration
-	// RetryBudget bounds the time one read spends on retries.
-	RetryBudget time.Duration
+	objstore.Tunables
 }
 
 // RegisterFlags registers the Azure flags on fs, with their defaults. Account, Container and
@@ -63,45 +56,25 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "azure-endpoint", "",
 		"Azure blob service `URL` (Azurite: http://127.0.0.1:10000/ACCOUNT); default "+
 			"https://ACCOUNT.blob.core.windows.net/, or the one in "+EnvConnectionString)
-	objstore.RegisterFlags(fs, "azure", "Azure", &c.MaxInFlight, &c.ReadTimeout, &c.RetryBudget)
+	c.Tunables.RegisterFlags(fs, "azure", "Azure")
 }
 
 // Validate reports the settings no store can run with.
-func (c *Config) Validate() error {
-	return objstore.ValidateFlags("azure", c.MaxInFlight, c.ReadTimeout, c.RetryBudget)
-}
+func (c *Config) Validate() error { return c.Tunables.Validate("azure") }
 
 // ParseURL reads az://ACCOUNT/CONTAINER/PREFIX.
 func ParseURL(raw string) (account, container, prefix string, err error) {
-	rest, ok := strings.CutPrefix(raw, "az://")
-	if !ok || rest == "" {
-		return "", "", "", fmt.Errorf("%q is not az://ACCOUNT/CONTAINER[/PREFIX]", raw)
+	names, prefix, err := objstore.ParseURL(raw, "az://ACCOUNT/CONTAINER[/PREFIX]")
+	if err != nil {
+		return "", "", "", err
 	}
-	account, rest, _ = strings.Cut(rest, "/")
-	container, prefix, _ = strings.Cut(rest, "/")
-	prefix = strings.Trim(prefix, "/")
-	if account == "" || container == "" {
-		return "", "", "", fmt.Errorf("%q names no account or no container: az://ACCOUNT/CONTAINER[/PREFIX]", raw)
-	}
-	return account, container, prefix, nil
+	return names[0], names[1], prefix, nil
 }
-
-// Store reads blobs of one container under a prefix.
-type Store struct {
-	cfg       Config
-	container *container.Client
-	reader    *objstore.Reader
-	name      string
-}
-
-var _ store.Store = (*Store)(nil)
 
 // New builds a store. The SDK's own retries are off, since objstore retries and resumes under one
 // budget.
-func New(ctx context.Context, cfg Config) (*Store, error) {
-	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = objstore.DefaultMaxInFlight
-	}
+func New(ctx context.Context, cfg Config) (*objstore.Store, error) {
+	cfg.Tunables = cfg.Tunables.WithDefaults()
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConns = 2 * cfg.MaxInFlight
 	transport.MaxIdleConnsPerHost = cfg.MaxInFlight
@@ -113,23 +86,10 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("azure store az://%s/%s: %w", cfg.Account, cfg.Container, err)
 	}
-	name := "az://" + cfg.Account + "/" + cfg.Container
-	if cfg.Prefix != "" {
-		name += "/" + cfg.Prefix
-	}
-	if cfg.Endpoint != "" {
-		name += " at " + redact(cfg.Endpoint)
-	}
-	s := &Store{cfg: cfg, container: client.ServiceClient().NewContainerClient(cfg.Container), name: name}
-	s.reader = objstore.NewReader(objstore.ReaderConfig{
-		Name:        s.String(),
-		MaxInFlight: cfg.MaxInFlight,
-		ReadTimeout: cfg.ReadTimeout,
-		RetryBudget: cfg.RetryBudget,
-		Transient:   transient,
-		Classify:    s.classify,
-	})
-	return s, nil
+	b := &blobs{client: client.ServiceClient().NewContainerClient(cfg.Container), name: cfg.Container,
+		prefix: cfg.Prefix}
+	return objstore.New(b, objstore.Config{Kind: "Azure", Bucket: "az://" + cfg.Account + "/" + cfg.Container,
+		Prefix: cfg.Prefix, Endpoint: cfg.Endpoint, Tunables: cfg.Tunables}), nil
 }
 
 // newClient picks the credentials: a connection string, an account key, else
@@ -170,136 +130,79 @@ func newClient(cfg Config, opts *azblob.ClientOptions) (*azblob.Client, error) {
 	return azblob.NewClient(serviceURL, cred, opts)
 }
 
-// redact drops user info and the query (a SAS) from an endpoint URL so no secret reaches a log line.
-func redact(endpoint string) string {
-	u, err := url.Parse(endpoint)
+// blobs is the objstore.Backend over one Azure container.
+type blobs struct {
+	client       *container.Client
+	name, prefix string
+}
+
+// Head implements objstore.Backend; the version is the blob's ETag.
+func (b *blobs) Head(ctx context.Context, name string) (store.Info, error) {
+	props, err := b.client.NewBlobClient(name).GetProperties(ctx, nil)
 	if err != nil {
-		return "(unparsable endpoint)"
-	}
-	u.User, u.RawQuery = nil, ""
-	return u.String()
-}
-
-func (s *Store) String() string { return "Azure store " + s.name }
-
-func (s *Store) key(key string) string {
-	if s.cfg.Prefix == "" {
-		return key
-	}
-	return s.cfg.Prefix + "/" + key
-}
-
-// Stat implements store.Store; the version is the blob's ETag.
-func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
-	if err := store.ValidateKey(key); err != nil {
 		return store.Info{}, err
 	}
-	var info store.Info
-	err := s.reader.Do(ctx, key, func(ctx context.Context) error {
-		props, err := s.container.NewBlobClient(s.key(key)).GetProperties(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if props.ContentLength == nil || props.ETag == nil {
-			return errors.New("the store sent no Content-Length or ETag")
-		}
-		info = store.Info{Size: *props.ContentLength, Version: string(*props.ETag)}
-		return nil
-	})
-	if errors.Is(err, store.ErrNoBucket) { // as on every store (store.ErrNoBucket)
-		return store.Info{}, fmt.Errorf("%w: %v", store.ErrNotFound, err)
+	if props.ContentLength == nil || props.ETag == nil {
+		return store.Info{}, errors.New("the store sent no Content-Length or ETag")
 	}
-	return info, err
+	return store.Info{Size: *props.ContentLength, Version: string(*props.ETag)}, nil
 }
 
-// ReadAt implements store.Store: ranged downloads with If-Match on version, resumed where a body
-// broke off.
-func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
-	blobClient := s.container.NewBlobClient(s.key(key))
-	return s.reader.ReadAt(ctx, key, p, off, func(ctx context.Context, off, n int64) (io.ReadCloser, int64, error) {
-		opts := &blob.DownloadStreamOptions{Range: blob.HTTPRange{Offset: off, Count: n}}
-		if version != "" {
-			etag := azcore.ETag(version)
-			opts.AccessConditions = &blob.AccessConditions{
-				ModifiedAccessConditions: &blob.ModifiedAccessConditions{IfMatch: &etag},
-			}
+// Open implements objstore.Backend: a ranged download with If-Match on version.
+func (b *blobs) Open(ctx context.Context, name, version string, off, n int64) (io.ReadCloser, int64, error) {
+	opts := &blob.DownloadStreamOptions{Range: blob.HTTPRange{Offset: off, Count: n}}
+	if version != "" {
+		etag := azcore.ETag(version)
+		opts.AccessConditions = &blob.AccessConditions{
+			ModifiedAccessConditions: &blob.ModifiedAccessConditions{IfMatch: &etag},
 		}
-		resp, err := blobClient.DownloadStream(ctx, opts)
-		if err != nil {
-			return nil, 0, err
-		}
-		// A store that ignores If-Match must not hand over another version's bytes.
-		if version != "" && resp.ETag != nil && string(*resp.ETag) != version {
-			resp.Body.Close()
-			return nil, 0, fmt.Errorf("%w (ETag %s, expected %s)", store.ErrChanged, *resp.ETag, version)
-		}
-		length := int64(-1)
-		if resp.ContentLength != nil {
-			length = *resp.ContentLength
-		}
-		return resp.Body, length, nil
-	})
-}
-
-// List implements store.Store. Each page is one attempt, resumed from its marker.
-func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
-	full := s.cfg.Prefix
-	if prefix != "" {
-		if err := store.ValidateKey(prefix); err != nil {
-			return nil, err
-		}
-		full = s.key(prefix)
 	}
-	if full != "" {
-		full += "/"
-	}
-	var keys []string
-	var marker *string
-	for {
-		var page container.ListBlobsFlatResponse
-		err := s.reader.Do(ctx, prefix, func(ctx context.Context) error {
-			var err error
-			pager := s.container.NewListBlobsFlatPager(&container.ListBlobsFlatOptions{Prefix: &full, Marker: marker})
-			page, err = pager.NextPage(ctx)
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		for _, b := range page.Segment.BlobItems {
-			if b.Name == nil {
-				continue
-			}
-			k := strings.TrimPrefix(*b.Name, s.cfg.Prefix+"/")
-			if s.cfg.Prefix == "" {
-				k = *b.Name
-			}
-			if store.ValidateKey(k) == nil {
-				keys = append(keys, k)
-			}
-		}
-		if page.NextMarker == nil || *page.NextMarker == "" {
-			break
-		}
-		marker = page.NextMarker
-	}
-	sort.Strings(keys)
-	return keys, nil
-}
-
-// Check implements store.Store: the container answers a listing of the prefix, which a reader's
-// role (Storage Blob Data Reader) allows.
-func (s *Store) Check(ctx context.Context) error {
-	one := int32(1)
-	pager := s.container.NewListBlobsFlatPager(&container.ListBlobsFlatOptions{Prefix: &s.cfg.Prefix, MaxResults: &one})
-	_, err := pager.NextPage(ctx)
-	if bloberror.HasCode(err, bloberror.ContainerNotFound) {
-		return fmt.Errorf("%s: %w: the container %q does not exist", s, store.ErrNoBucket, s.cfg.Container)
-	}
+	resp, err := b.client.NewBlobClient(name).DownloadStream(ctx, opts)
 	if err != nil {
-		return s.reader.Err("", err)
+		return nil, 0, err
 	}
-	return nil
+	// A store that ignores If-Match must not hand over another version's bytes.
+	if version != "" && resp.ETag != nil && string(*resp.ETag) != version {
+		resp.Body.Close()
+		return nil, 0, fmt.Errorf("%w (ETag %s, expected %s)", store.ErrChanged, *resp.ETag, version)
+	}
+	length := int64(-1)
+	if resp.ContentLength != nil {
+		length = *resp.ContentLength
+	}
+	return resp.Body, length, nil
+}
+
+// List implements objstore.Backend: one page of a flat listing, from its marker.
+func (b *blobs) List(ctx context.Context, prefix, token string) ([]string, string, error) {
+	opts := &container.ListBlobsFlatOptions{Prefix: &prefix}
+	if token != "" {
+		opts.Marker = &token
+	}
+	page, err := b.client.NewListBlobsFlatPager(opts).NextPage(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	var names []string
+	for _, item := range page.Segment.BlobItems {
+		if item.Name != nil {
+			names = append(names, *item.Name)
+		}
+	}
+	var next string
+	if page.NextMarker != nil {
+		next = *page.NextMarker
+	}
+	return names, next, nil
+}
+
+// Check implements objstore.Backend: the container answers a listing of the prefix, which a
+// reader's role (Storage Blob Data Reader) allows.
+func (b *blobs) Check(ctx context.Context) error {
+	one := int32(1)
+	_, err := b.client.NewListBlobsFlatPager(&container.ListBlobsFlatOptions{Prefix: &b.prefix, MaxResults: &one}).
+		NextPage(ctx)
+	return err
 }
 
 // retryStatus are the statuses azcore's retry policy retries by default.
@@ -312,9 +215,9 @@ var retryStatus = []int{
 	http.StatusGatewayTimeout,
 }
 
-// transient reports errors worth another attempt: the statuses azcore retries, and connections
-// that were refused, reset or timed out.
-func transient(err error) bool {
+// Transient implements objstore.Backend: the statuses azcore retries, and connections that were
+// refused, reset or timed out.
+func (b *blobs) Transient(err error) bool {
 	var re *azcore.ResponseError
 	if errors.As(err, &re) {
 		return slices.Contains(retryStatus, re.StatusCode)
@@ -324,9 +227,9 @@ func transient(err error) bool {
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) && ne.Timeout()
 }
 
-// classify turns Azure errors into the store's sentinels, keeping the code and status of a
-// response error rather than the SDK's multi-line dump of it.
-func (s *Store) classify(err error) error {
+// Classify implements objstore.Backend, keeping the code and status of a response error rather
+// than the SDK's multi-line dump of it.
+func (b *blobs) Classify(err error) error {
 	var re *azcore.ResponseError
 	status, code := 0, ""
 	if errors.As(err, &re) {
@@ -334,11 +237,8 @@ func (s *Store) classify(err error) error {
 	}
 	var af *azidentity.AuthenticationFailedError
 	switch {
-	case errors.Is(err, store.ErrChanged), errors.Is(err, store.ErrOutOfRange),
-		errors.Is(err, context.DeadlineExceeded):
-		return err
 	case code == string(bloberror.ContainerNotFound):
-		return fmt.Errorf("%w: the container %q does not exist", store.ErrNoBucket, s.cfg.Container)
+		return fmt.Errorf("%w: the container %q does not exist", store.ErrNoBucket, b.name)
 	case status == http.StatusPreconditionFailed:
 		return fmt.Errorf("%w (the blob was replaced)", store.ErrChanged)
 	case status == http.StatusRequestedRangeNotSatisfiable:

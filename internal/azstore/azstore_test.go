@@ -12,6 +12,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/azstore/aztest"
 	"github.com/shardsrv/shardsrv/internal/store"
+	"github.com/shardsrv/shardsrv/internal/store/objstore"
 	"github.com/shardsrv/shardsrv/internal/store/objstore/faultproxy"
 	"github.com/shardsrv/shardsrv/internal/store/storetest"
 )
@@ -24,7 +25,7 @@ func newContainer(t *testing.T, a *aztest.Server) string {
 	return name
 }
 
-func newStore(t *testing.T, cfg azstore.Config) *azstore.Store {
+func newStore(t *testing.T, cfg azstore.Config) *objstore.Store {
 	t.Helper()
 	s, err := azstore.New(context.Background(), cfg)
 	if err != nil {
@@ -54,7 +55,7 @@ func TestAzureFaults(t *testing.T) {
 		NewProxy:     a.NewProxy,
 		Store: func(t *testing.T, root, c string, readTimeout, retryBudget time.Duration) store.Store {
 			return newStore(t, azstore.Config{Account: aztest.Account, Container: c, Endpoint: aztest.EndpointAt(root),
-				ReadTimeout: readTimeout, RetryBudget: retryBudget})
+				Tunables: objstore.Tunables{ReadTimeout: readTimeout, RetryBudget: retryBudget}})
 		},
 	})
 }
@@ -66,7 +67,7 @@ func TestAzureWrongKeyIsPermissionDenied(t *testing.T) {
 	const wrong = "bm90LXRoZS1yaWdodC1rZXktMDEyMzQ1Njc4OWFiY2RlZg=="
 	t.Setenv(azstore.EnvAccountKey, wrong)
 	s := newStore(t, azstore.Config{
-		Account: aztest.Account, Container: c, Endpoint: a.Endpoint, RetryBudget: time.Second,
+		Account: aztest.Account, Container: c, Endpoint: a.Endpoint, Tunables: objstore.Tunables{RetryBudget: time.Second},
 	})
 	for _, err := range []error{
 		s.ReadAt(context.Background(), "m/model.safetensors", "", make([]byte, 4), 0),
