@@ -6,8 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/cache"
+	"github.com/shardsrv/shardsrv/internal/gcsstore"
 	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/s3reader"
 )
 
 func TestFlagsFallBackToEnvironment(t *testing.T) {
@@ -58,13 +61,20 @@ func TestEveryObjectStoreParsesItsURLAndGetsObjectStorageDefaults(t *testing.T) 
 		if err != nil {
 			t.Fatalf("%s: %v", url, err)
 		}
-		buckets := map[string]string{"s3": c.s3.Bucket + "/" + c.s3.Prefix, "gs": c.gcs.Bucket + "/" + c.gcs.Prefix,
-			"az": c.azure.Account + "/" + c.azure.Container + "/" + c.azure.Prefix}
-		scheme, rest, _ := strings.Cut(url, "://")
-		if buckets[scheme] != rest || c.cache.Bytes != cache.ObjectStoreConfig().Bytes ||
+		var parsed string
+		switch o := c.objectStores[objectStoreOf(url)].(type) {
+		case *s3reader.Config:
+			parsed = o.Bucket + "/" + o.Prefix
+		case *gcsstore.Config:
+			parsed = o.Bucket + "/" + o.Prefix
+		case *azstore.Config:
+			parsed = o.Account + "/" + o.Container + "/" + o.Prefix
+		}
+		_, rest, _ := strings.Cut(url, "://")
+		if parsed != rest || c.cache.Bytes != cache.ObjectStoreConfig().Bytes ||
 			c.planner.MaxGap != planner.ObjectStoreOptions().MaxGap {
 			t.Errorf("%s: parsed %q, cache %d, max gap %d: want the URL's parts and the object-store defaults",
-				url, buckets[scheme], c.cache.Bytes, c.planner.MaxGap)
+				url, parsed, c.cache.Bytes, c.planner.MaxGap)
 		}
 	}
 }
@@ -74,10 +84,11 @@ func TestS3StoreGetsObjectStorageDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.s3.Bucket != "bucket" || c.s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 ||
+	s3 := c.objectStores[objectStoreOf("s3://")].(*s3reader.Config)
+	if s3.Bucket != "bucket" || s3.Prefix != "models/v1" || c.planner.MaxGap != 4096 ||
 		c.planner.MaxRead != planner.ObjectStoreOptions().MaxRead ||
 		c.planner.MaxOverread != 16 ||
 		c.cache.Bytes != 512<<20 {
-		t.Errorf("%+v %+v: s3 defaults apply where no flag is given", c.s3, c.planner)
+		t.Errorf("%+v %+v: s3 defaults apply where no flag is given", s3, c.planner)
 	}
 }

@@ -17,15 +17,12 @@ import (
 	"time"
 
 	"github.com/shardsrv/shardsrv/internal/auth"
-	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/cluster"
 	"github.com/shardsrv/shardsrv/internal/executor"
-	"github.com/shardsrv/shardsrv/internal/gcsstore"
 	"github.com/shardsrv/shardsrv/internal/planner"
-	"github.com/shardsrv/shardsrv/internal/s3reader"
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
 	"github.com/shardsrv/shardsrv/internal/telemetry"
@@ -36,31 +33,30 @@ import (
 // registers its own flags and validates itself, and in every part zero is the default but where
 // zero is itself a setting (docs/configuration.md); this file only checks what spans parts.
 type config struct {
-	addr        string
-	store       string
-	s3          s3reader.Config
-	gcs         gcsstore.Config
-	azure       azstore.Config
-	budget      budget.Config
-	executor    executor.Config
-	cache       cache.Config
-	limits      server.Limits
-	planner     planner.Options
-	verify      verify.Config
-	cluster     cluster.Config
-	tls         tlsFlags
-	tokensFile  string
-	grace       time.Duration
-	drainDelay  time.Duration
-	storeGrace  time.Duration
-	idleTimeout time.Duration
-	logLevel    string
+	addr  string
+	store string
+	// objectStores are the configs of objectStores' entries, in its order.
+	objectStores []objectStoreConfig
+	budget       budget.Config
+	executor     executor.Config
+	cache        cache.Config
+	limits       server.Limits
+	planner      planner.Options
+	verify       verify.Config
+	cluster      cluster.Config
+	tls          tlsFlags
+	tokensFile   string
+	grace        time.Duration
+	drainDelay   time.Duration
+	storeGrace   time.Duration
+	idleTimeout  time.Duration
+	logLevel     string
 }
 
 // newServeFlags returns serve's flags over a fresh config whose defaults suit a local directory,
 // or an object store.
 func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) {
-	c := &config{planner: planner.DefaultOptions(), cache: cache.DefaultConfig()}
+	c := &config{planner: planner.DefaultOptions(), cache: cache.DefaultConfig(), objectStores: newObjectStoreConfigs()}
 	if objectStore {
 		c.planner, c.cache = planner.ObjectStoreOptions(), cache.ObjectStoreConfig()
 	}
@@ -69,9 +65,9 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 	fs.StringVar(&c.addr, "addr", ":8080", "`HOST:PORT` to listen on")
 	fs.StringVar(&c.store, "store", "", "where checkpoints are: "+storeForms()+
 		"; each checkpoint is a folder (key prefix) in it (required)")
-	c.s3.RegisterFlags(fs)
-	c.gcs.RegisterFlags(fs)
-	c.azure.RegisterFlags(fs)
+	for _, o := range c.objectStores {
+		o.RegisterFlags(fs)
+	}
 	c.budget.RegisterFlags(fs)
 	c.executor.RegisterFlags(fs)
 	c.cache.RegisterFlags(fs)
@@ -171,8 +167,10 @@ func (c *config) validate() error {
 	if shared := c.budget.Shared(); shared > 0 && c.planner.MaxPlanBytes > shared {
 		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
 	}
-	errs = append(errs, c.limits.Validate(), c.s3.Validate(), c.gcs.Validate(), c.azure.Validate(),
-		c.planner.Validate(), c.budget.Validate(), c.executor.Validate(), c.cache.Validate(), c.verify.Validate(),
+	for _, o := range c.objectStores {
+		errs = append(errs, o.Validate())
+	}
+	errs = append(errs, c.limits.Validate(), c.planner.Validate(), c.budget.Validate(), c.executor.Validate(), c.cache.Validate(), c.verify.Validate(),
 		c.cluster.Validate(), c.tls.validate())
 	if c.cluster.Enabled() && c.cache.Bytes == 0 {
 		errs = append(errs, errors.New("--peers and --peers-dns share the cache: they need --cache-bytes"))

@@ -198,7 +198,7 @@ func parseFolder(fs *flag.FlagSet, args []string) (string, error) {
 // openModel opens a checkpoint folder (a directory or an object-store URL) as a store rooted at it,
 // and names the model after the folder.
 func openModel(ctx context.Context, url string) (store.Store, string, error) {
-	c := &config{store: url}
+	c := &config{store: url, objectStores: newObjectStoreConfigs()}
 	if err := parseStoreURL(c); err != nil {
 		return nil, "", err
 	}

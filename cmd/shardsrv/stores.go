@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strings"
 
@@ -11,76 +12,72 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
-// objectStores are the object stores --store names by URL scheme: each parses its URL into its
-// config and opens the store. Object stores get the planner's and the cache's object-store
-// defaults (serve -h lists them); anything else is a local directory.
+// objectStoreConfig is one object store's part of the configuration: its flags and their
+// validation, what --store's URL sets (the bucket, the prefix), and how the store opens.
+type objectStoreConfig interface {
+	RegisterFlags(fs *flag.FlagSet)
+	Validate() error
+	SetURL(url string) error
+	Open(ctx context.Context) (store.Store, error)
+}
+
+// objectStores are the object stores --store takes, one entry each: the URL form, whose scheme
+// picks the store, and a fresh config. Every command that opens a --store or a checkpoint folder
+// (serve, fetch, sign, verify) opens it through this table. Object stores get the planner's and
+// the cache's object-store defaults (serve -h lists them); anything else is a local directory.
 var objectStores = []struct {
-	scheme string // with "://"
-	url    string // the form --store takes, for messages
-	parse  func(c *config) error
-	open   func(ctx context.Context, c *config) (store.Store, error)
+	form   string
+	config func() objectStoreConfig
 }{
-	{
-		scheme: "s3://", url: "s3://BUCKET/PREFIX",
-		parse: func(c *config) (err error) {
-			c.s3.Bucket, c.s3.Prefix, err = s3reader.ParseURL(c.store)
-			return err
-		},
-		open: func(ctx context.Context, c *config) (store.Store, error) { return s3reader.New(ctx, c.s3) },
-	},
-	{
-		scheme: "gs://", url: "gs://BUCKET/PREFIX",
-		parse: func(c *config) (err error) {
-			c.gcs.Bucket, c.gcs.Prefix, err = gcsstore.ParseURL(c.store)
-			return err
-		},
-		open: func(ctx context.Context, c *config) (store.Store, error) { return gcsstore.New(ctx, c.gcs) },
-	},
-	{
-		scheme: "az://", url: "az://ACCOUNT/CONTAINER/PREFIX",
-		parse: func(c *config) (err error) {
-			c.azure.Account, c.azure.Container, c.azure.Prefix, err = azstore.ParseURL(c.store)
-			return err
-		},
-		open: func(ctx context.Context, c *config) (store.Store, error) { return azstore.New(ctx, c.azure) },
-	},
+	{"s3://BUCKET/PREFIX", func() objectStoreConfig { return new(s3reader.Config) }},
+	{"gs://BUCKET/PREFIX", func() objectStoreConfig { return new(gcsstore.Config) }},
+	{"az://ACCOUNT/CONTAINER/PREFIX", func() objectStoreConfig { return new(azstore.Config) }},
+}
+
+// newObjectStoreConfigs returns a fresh config of every object store, in the table's order.
+func newObjectStoreConfigs() []objectStoreConfig {
+	configs := make([]objectStoreConfig, len(objectStores))
+	for i, o := range objectStores {
+		configs[i] = o.config()
+	}
+	return configs
+}
+
+// objectStoreOf is the index in objectStores of the store url names, -1 for none.
+func objectStoreOf(url string) int {
+	for i, o := range objectStores {
+		scheme, _, _ := strings.Cut(o.form, "://")
+		if strings.HasPrefix(url, scheme+"://") {
+			return i
+		}
+	}
+	return -1
 }
 
 // isObjectStore reports whether a --store value names an object store.
-func isObjectStore(url string) bool {
-	for _, o := range objectStores {
-		if strings.HasPrefix(url, o.scheme) {
-			return true
-		}
-	}
-	return false
-}
+func isObjectStore(url string) bool { return objectStoreOf(url) >= 0 }
 
 // storeForms lists what --store takes, for help and messages.
 func storeForms() string {
 	forms := []string{"DIR", "file://DIR"}
 	for _, o := range objectStores {
-		forms = append(forms, o.url)
+		forms = append(forms, o.form)
 	}
 	return strings.Join(forms, "|")
 }
 
-// parseStoreURL fills the object store's config from --store; a directory needs nothing.
+// parseStoreURL sets the object store's config from --store; a directory needs nothing.
 func parseStoreURL(c *config) error {
-	for _, o := range objectStores {
-		if strings.HasPrefix(c.store, o.scheme) {
-			return o.parse(c)
-		}
+	if i := objectStoreOf(c.store); i >= 0 {
+		return c.objectStores[i].SetURL(c.store)
 	}
 	return nil
 }
 
 // openStore opens what --store names.
 func openStore(ctx context.Context, c *config) (store.Store, error) {
-	for _, o := range objectStores {
-		if strings.HasPrefix(c.store, o.scheme) {
-			return o.open(ctx, c)
-		}
+	if i := objectStoreOf(c.store); i >= 0 {
+		return c.objectStores[i].Open(ctx)
 	}
 	dir, isFile := strings.CutPrefix(c.store, "file://")
 	if !isFile && strings.Contains(c.store, "://") {

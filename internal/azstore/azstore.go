@@ -51,7 +51,7 @@ type Config struct {
 }
 
 // RegisterFlags registers the Azure flags on fs, with their defaults. Account, Container and
-// Prefix come from the store URL (ParseURL).
+// Prefix come from the store URL (SetURL).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "azure-endpoint", "",
 		"Azure blob service `URL` (Azurite: http://127.0.0.1:10000/ACCOUNT); default "+
@@ -62,14 +62,18 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // Validate reports the settings no store can run with.
 func (c *Config) Validate() error { return c.Tunables.Validate("azure") }
 
-// ParseURL reads az://ACCOUNT/CONTAINER/PREFIX.
-func ParseURL(raw string) (account, container, prefix string, err error) {
+// SetURL takes Account, Container and Prefix from a --store URL, az://ACCOUNT/CONTAINER[/PREFIX].
+func (c *Config) SetURL(raw string) error {
 	names, prefix, err := objstore.ParseURL(raw, "az://ACCOUNT/CONTAINER[/PREFIX]")
 	if err != nil {
-		return "", "", "", err
+		return err
 	}
-	return names[0], names[1], prefix, nil
+	c.Account, c.Container, c.Prefix = names[0], names[1], prefix
+	return nil
 }
+
+// Open opens the store c configures (New).
+func (c *Config) Open(ctx context.Context) (store.Store, error) { return New(ctx, *c) }
 
 // New builds a store. The SDK's own retries are off, since objstore retries and resumes under one
 // budget.

@@ -103,20 +103,20 @@ func TestAzureConnectionString(t *testing.T) {
 	}
 }
 
-func TestParseURL(t *testing.T) {
+func TestSetURL(t *testing.T) {
 	for in, want := range map[string][3]string{
 		"az://acct/c":        {"acct", "c", ""},
 		"az://acct/c/p/q/":   {"acct", "c", "p/q"},
 		"az://acct/c/models": {"acct", "c", "models"},
 	} {
-		a, c, p, err := azstore.ParseURL(in)
-		if err != nil || a != want[0] || c != want[1] || p != want[2] {
-			t.Errorf("ParseURL(%q) = %q %q %q %v", in, a, c, p, err)
+		var c azstore.Config
+		if err := c.SetURL(in); err != nil || c.Account != want[0] || c.Container != want[1] || c.Prefix != want[2] {
+			t.Errorf("SetURL(%q) = %q %q %q %v", in, c.Account, c.Container, c.Prefix, err)
 		}
 	}
 	for _, in := range []string{"az://", "az://acct", "az://acct/", "az:///c/p", "gs://b/p", "acct/c"} {
-		if _, _, _, err := azstore.ParseURL(in); err == nil {
-			t.Errorf("ParseURL(%q) accepted", in)
+		if err := new(azstore.Config).SetURL(in); err == nil {
+			t.Errorf("SetURL(%q) accepted", in)
 		}
 	}
 }

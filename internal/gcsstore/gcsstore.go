@@ -37,7 +37,7 @@ type Config struct {
 }
 
 // RegisterFlags registers the GCS flags on fs, with their defaults. Bucket and Prefix come from
-// the store URL (ParseURL).
+// the store URL (SetURL).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "gcs-endpoint", "",
 		"GCS emulator `URL`, reached without credentials; default STORAGE_EMULATOR_HOST, else GCS with "+
@@ -48,14 +48,18 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // Validate reports the settings no store can run with.
 func (c *Config) Validate() error { return c.Tunables.Validate("gcs") }
 
-// ParseURL reads gs://BUCKET/PREFIX.
-func ParseURL(raw string) (bucket, prefix string, err error) {
+// SetURL takes Bucket and Prefix from a --store URL, gs://BUCKET[/PREFIX].
+func (c *Config) SetURL(raw string) error {
 	names, prefix, err := objstore.ParseURL(raw, "gs://BUCKET[/PREFIX]")
 	if err != nil {
-		return "", "", err
+		return err
 	}
-	return names[0], prefix, nil
+	c.Bucket, c.Prefix = names[0], prefix
+	return nil
 }
+
+// Open opens the store c configures (New).
+func (c *Config) Open(ctx context.Context) (store.Store, error) { return New(ctx, *c) }
 
 // New builds a store. Reads use the JSON API, as the SDK recommends; the SDK's own retries are
 // off, since objstore retries and resumes under one budget.

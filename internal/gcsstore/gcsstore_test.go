@@ -35,16 +35,16 @@ func TestGCSConformance(t *testing.T) {
 	}})
 }
 
-func TestParseURL(t *testing.T) {
+func TestSetURL(t *testing.T) {
 	for in, want := range map[string][2]string{"gs://b": {"b", ""}, "gs://b/p/q/": {"b", "p/q"}} {
-		b, p, err := gcsstore.ParseURL(in)
-		if err != nil || b != want[0] || p != want[1] {
-			t.Errorf("ParseURL(%q) = %q %q %v", in, b, p, err)
+		var c gcsstore.Config
+		if err := c.SetURL(in); err != nil || c.Bucket != want[0] || c.Prefix != want[1] {
+			t.Errorf("SetURL(%q) = %q %q %v", in, c.Bucket, c.Prefix, err)
 		}
 	}
 	for _, in := range []string{"gs://", "b/p", "gs:///p", "s3://b/p"} {
-		if _, _, err := gcsstore.ParseURL(in); err == nil {
-			t.Errorf("ParseURL(%q) accepted", in)
+		if err := new(gcsstore.Config).SetURL(in); err == nil {
+			t.Errorf("SetURL(%q) accepted", in)
 		}
 	}
 }

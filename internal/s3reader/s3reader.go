@@ -38,7 +38,7 @@ type Config struct {
 }
 
 // RegisterFlags registers the S3 flags on fs, with their defaults. Bucket and Prefix come from the
-// store URL (ParseURL).
+// store URL (SetURL).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "s3-endpoint", "",
 		"S3-compatible endpoint `URL` (path-style addressing); default AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, then AWS")
@@ -49,14 +49,18 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // Validate reports the settings no store can run with.
 func (c *Config) Validate() error { return c.Tunables.Validate("s3") }
 
-// ParseURL reads s3://BUCKET/PREFIX.
-func ParseURL(raw string) (bucket, prefix string, err error) {
+// SetURL takes Bucket and Prefix from a --store URL, s3://BUCKET[/PREFIX].
+func (c *Config) SetURL(raw string) error {
 	names, prefix, err := objstore.ParseURL(raw, "s3://BUCKET[/PREFIX]")
 	if err != nil {
-		return "", "", err
+		return err
 	}
-	return names[0], prefix, nil
+	c.Bucket, c.Prefix = names[0], prefix
+	return nil
 }
+
+// Open opens the store c configures (New).
+func (c *Config) Open(ctx context.Context) (store.Store, error) { return New(ctx, *c) }
 
 // New builds a store; credentials and region come from the standard AWS chain (environment,
 // shared profile, web identity for IRSA).

@@ -3,7 +3,6 @@ package objstore
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -15,80 +14,48 @@ import (
 
 // The defaults of the tunables every object store has, for flags and for a Config left at zero.
 const (
-	DefaultMaxInFlight = 64
-	DefaultReadTimeout = 30 * time.Second
-	DefaultRetryBudget = 60 * time.Second
-	// RefusedBudget is the part of the retry budget a refused connection gets: nothing listens at
+	defaultMaxInFlight = 64
+	defaultReadTimeout = 30 * time.Second
+	defaultRetryBudget = 60 * time.Second
+	// refusedBudget is the part of the retry budget a refused connection gets: nothing listens at
 	// the endpoint, which a restart mends in seconds or a wrong endpoint never does, so retrying
 	// it for the whole budget only holds the request (and the clients that retry it) for a minute.
-	RefusedBudget = 2 * time.Second
+	refusedBudget = 2 * time.Second
 )
 
-// RegisterFlags registers --NAME-max-in-flight, --NAME-read-timeout and --NAME-retry-budget on fs,
-// with the defaults; title names the store in the help texts.
-func RegisterFlags(fs *flag.FlagSet, name, title string, maxInFlight *int, readTimeout, retryBudget *time.Duration) {
-	fs.IntVar(maxInFlight, name+"-max-in-flight", DefaultMaxInFlight,
-		"most "+title+" requests in flight across all streams")
-	fs.DurationVar(readTimeout, name+"-read-timeout", DefaultReadTimeout,
-		"time one attempt of one "+title+" read may take, headers and body")
-	fs.DurationVar(retryBudget, name+"-retry-budget", DefaultRetryBudget,
-		"time one "+title+" read may spend retrying 5xx, throttling, resets and broken bodies")
-}
-
-// ValidateFlags reports tunables no store can run with, naming the flags of store name.
-func ValidateFlags(name string, maxInFlight int, readTimeout, retryBudget time.Duration) error {
-	if maxInFlight < 1 || readTimeout <= 0 || retryBudget <= 0 {
-		return fmt.Errorf("--%[1]s-max-in-flight, --%[1]s-read-timeout and --%[1]s-retry-budget must be positive", name)
-	}
-	return nil
-}
-
-// ReaderConfig is one store's policy and what its SDK knows about errors.
-type ReaderConfig struct {
-	// Name names the store in errors, without secrets.
-	Name string
-	// MaxInFlight caps concurrent requests to the store.
-	MaxInFlight int
-	// ReadTimeout bounds one attempt, headers and body.
-	ReadTimeout time.Duration
-	// RetryBudget bounds the time one operation spends on retries.
-	RetryBudget time.Duration
-	// Transient reports errors worth another attempt, by the SDK's own classification (throttling,
+// readerConfig is one store's policy and what its SDK knows about errors.
+type readerConfig struct {
+	// name names the store in errors, without secrets.
+	name string
+	Tunables
+	// transient reports errors worth another attempt, by the SDK's own classification (throttling,
 	// 5xx, resets). Attempts that timed out and bodies that broke off are retried regardless.
-	Transient func(error) bool
-	// Classify wraps an error in the store sentinel it stands for, with a short reason; errors
+	transient func(error) bool
+	// classify wraps an error in the store sentinel it stands for, with a short reason; errors
 	// that stand for none are returned as they are.
-	Classify func(error) error
+	classify func(error) error
 }
 
-// Reader runs one store's requests under its policy. It is safe for concurrent use.
-type Reader struct {
-	cfg   ReaderConfig
+// reader runs one store's requests under its policy. It is safe for concurrent use.
+type reader struct {
+	cfg   readerConfig
 	slots chan struct{}
 }
 
-// NewReader builds a reader; zero tunables take the defaults.
-func NewReader(cfg ReaderConfig) *Reader {
-	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = DefaultMaxInFlight
-	}
-	if cfg.ReadTimeout <= 0 {
-		cfg.ReadTimeout = DefaultReadTimeout
-	}
-	if cfg.RetryBudget <= 0 {
-		cfg.RetryBudget = DefaultRetryBudget
-	}
-	return &Reader{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight)}
+// newReader builds a reader; zero tunables take the defaults.
+func newReader(cfg readerConfig) *reader {
+	cfg.Tunables = cfg.Tunables.WithDefaults()
+	return &reader{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight)}
 }
 
-// Opener opens a ranged body of n bytes at off of one object, pinned to the version the caller
+// opener opens a ranged body of n bytes at off of one object, pinned to the version the caller
 // read it at, and says how long the body is (its Content-Length): a store that trims the range
 // answers with fewer bytes than asked, which ReadAt reports as store.ErrOutOfRange.
-type Opener func(ctx context.Context, off, n int64) (body io.ReadCloser, length int64, err error)
+type opener func(ctx context.Context, off, n int64) (body io.ReadCloser, length int64, err error)
 
-// ReadAt fills all of p with the object's bytes at off, or fails (store.Store.ReadAt): a body that
+// readAt fills all of p with the object's bytes at off, or fails (store.Store.ReadAt): a body that
 // breaks off is resumed from where it stopped, under the same version.
-func (r *Reader) ReadAt(ctx context.Context, key string, p []byte, off int64, open Opener) error {
+func (r *reader) readAt(ctx context.Context, key string, p []byte, off int64, open opener) error {
 	if err := store.ValidateKey(key); err != nil {
 		return err
 	}
@@ -99,10 +66,10 @@ func (r *Reader) ReadAt(ctx context.Context, key string, p []byte, off int64, op
 		return nil
 	}
 	if off < 0 {
-		return r.Err(key, fmt.Errorf("%w: negative offset", store.ErrOutOfRange))
+		return r.fail(key, fmt.Errorf("%w: negative offset", store.ErrOutOfRange))
 	}
 	done := 0
-	return r.Do(ctx, key, func(ctx context.Context) error {
+	return r.do(ctx, key, func(ctx context.Context) error {
 		start, want := off+int64(done), int64(len(p)-done)
 		body, length, err := open(ctx, start, want)
 		if err != nil {
@@ -139,10 +106,10 @@ func (e *bodyError) Error() string {
 
 func (e *bodyError) Unwrap() error { return e.err }
 
-// Do runs one attempt at a time, each under ReadTimeout and one request slot, and tries again with
+// do runs one attempt at a time, each under ReadTimeout and one request slot, and tries again with
 // full-jitter backoff while the error is transient and the retry budget lasts. Its errors name the
 // store and key and wrap the sentinels; a cancelled ctx returns ctx.Err() as it is.
-func (r *Reader) Do(ctx context.Context, key string, attempt func(context.Context) error) error {
+func (r *reader) do(ctx context.Context, key string, attempt func(context.Context) error) error {
 	start := time.Now()
 	deadline := start.Add(r.cfg.RetryBudget)
 	backoff := 50 * time.Millisecond
@@ -166,14 +133,14 @@ func (r *Reader) Do(ctx context.Context, key string, attempt func(context.Contex
 		if timedOut && !errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: %v", context.DeadlineExceeded, err)
 		}
-		if refused := start.Add(RefusedBudget); errors.Is(err, syscall.ECONNREFUSED) && refused.Before(deadline) {
+		if refused := start.Add(refusedBudget); errors.Is(err, syscall.ECONNREFUSED) && refused.Before(deadline) {
 			deadline = refused
 		}
 		if !r.transient(err) || time.Now().Add(backoff).After(deadline) {
 			if n > 1 {
 				err = fmt.Errorf("after %d attempts: %w", n, err)
 			}
-			return r.Err(key, err)
+			return r.fail(key, err)
 		}
 		select {
 		case <-time.After(time.Duration(rand.Int64N(int64(backoff)))):
@@ -184,7 +151,7 @@ func (r *Reader) Do(ctx context.Context, key string, attempt func(context.Contex
 	}
 }
 
-func (r *Reader) transient(err error) bool {
+func (r *reader) transient(err error) bool {
 	var be *bodyError
 	switch {
 	case errors.Is(err, context.Canceled):
@@ -192,15 +159,15 @@ func (r *Reader) transient(err error) bool {
 	case errors.As(err, &be), errors.Is(err, context.DeadlineExceeded):
 		return true
 	}
-	return r.cfg.Transient(err)
+	return r.cfg.transient(err)
 }
 
-// Err is how an operation on key ("" for the store as a whole) fails with err: classified into the
+// fail is how an operation on key ("" for the store as a whole) fails with err: classified into the
 // store's sentinels, naming the store and the key, never a credential.
-func (r *Reader) Err(key string, err error) error {
-	what := r.cfg.Name
+func (r *reader) fail(key string, err error) error {
+	what := r.cfg.name
 	if key != "" {
 		what += fmt.Sprintf(": %q", key)
 	}
-	return fmt.Errorf("%s: %w", what, r.cfg.Classify(err))
+	return fmt.Errorf("%s: %w", what, r.cfg.classify(err))
 }

@@ -20,13 +20,12 @@ import (
 
 var errBusy = errors.New("busy")
 
-func testReader(budget time.Duration) *Reader {
-	return NewReader(ReaderConfig{
-		Name:        "test store",
-		ReadTimeout: 100 * time.Millisecond,
-		RetryBudget: budget,
-		Transient:   func(err error) bool { return errors.Is(err, errBusy) || errors.Is(err, syscall.ECONNRESET) },
-		Classify: func(err error) error {
+func testReader(budget time.Duration) *reader {
+	return newReader(readerConfig{
+		name:      "test store",
+		Tunables:  Tunables{ReadTimeout: 100 * time.Millisecond, RetryBudget: budget},
+		transient: func(err error) bool { return errors.Is(err, errBusy) || errors.Is(err, syscall.ECONNRESET) },
+		classify: func(err error) error {
 			if errors.Is(err, errBusy) {
 				return fmt.Errorf("%w: %v", store.ErrUnavailable, err)
 			}
@@ -63,7 +62,7 @@ func TestReadAtResumesTheMissingTail(t *testing.T) {
 		return io.NopCloser(bytes.NewReader(body)), n, nil
 	}
 	p := make([]byte, 12)
-	if err := testReader(time.Second).ReadAt(context.Background(), "k", p, 4, open); err != nil {
+	if err := testReader(time.Second).readAt(context.Background(), "k", p, 4, open); err != nil {
 		t.Fatal(err)
 	}
 	if string(p) != string(data[4:16]) || strings.Join(asked, " ") != "4+12 7+9 10+6" {
@@ -75,7 +74,7 @@ func TestReadAtShortBodyIsOutOfRange(t *testing.T) {
 	open := func(_ context.Context, off, n int64) (io.ReadCloser, int64, error) {
 		return io.NopCloser(strings.NewReader("ab")), 2, nil
 	}
-	err := testReader(time.Second).ReadAt(context.Background(), "k", make([]byte, 4), 0, open)
+	err := testReader(time.Second).readAt(context.Background(), "k", make([]byte, 4), 0, open)
 	if !errors.Is(err, store.ErrOutOfRange) || !strings.HasPrefix(err.Error(), `test store: "k": `) {
 		t.Errorf("ReadAt = %v, want ErrOutOfRange naming the store and key", err)
 	}
@@ -87,18 +86,18 @@ func TestReadAtArguments(t *testing.T) {
 		t.Error("opened a body")
 		return nil, 0, errors.New("unreachable")
 	}
-	if err := r.ReadAt(context.Background(), "../k", make([]byte, 1), 0, open); !errors.Is(err, store.ErrInvalidKey) {
+	if err := r.readAt(context.Background(), "../k", make([]byte, 1), 0, open); !errors.Is(err, store.ErrInvalidKey) {
 		t.Errorf("bad key: %v", err)
 	}
-	if err := r.ReadAt(context.Background(), "k", make([]byte, 1), -1, open); !errors.Is(err, store.ErrOutOfRange) {
+	if err := r.readAt(context.Background(), "k", make([]byte, 1), -1, open); !errors.Is(err, store.ErrOutOfRange) {
 		t.Errorf("negative offset: %v", err)
 	}
-	if err := r.ReadAt(context.Background(), "k", nil, 0, open); err != nil {
+	if err := r.readAt(context.Background(), "k", nil, 0, open); err != nil {
 		t.Errorf("empty read: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := r.ReadAt(ctx, "k", make([]byte, 1), 0, open); !errors.Is(err, context.Canceled) {
+	if err := r.readAt(ctx, "k", make([]byte, 1), 0, open); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled: %v", err)
 	}
 }
@@ -117,7 +116,7 @@ func TestDoRetriesOnlyTransientErrors(t *testing.T) {
 		{"cancelled", context.Canceled, 1, context.Canceled},
 	} {
 		var n atomic.Int64
-		err := testReader(5*time.Second).Do(context.Background(), "k", func(context.Context) error {
+		err := testReader(5*time.Second).do(context.Background(), "k", func(context.Context) error {
 			if n.Add(1) < 3 {
 				return c.err
 			}
@@ -132,7 +131,7 @@ func TestDoRetriesOnlyTransientErrors(t *testing.T) {
 func TestDoStopsAtTheBudget(t *testing.T) {
 	start := time.Now()
 	var n atomic.Int64
-	err := testReader(300*time.Millisecond).Do(context.Background(), "k", func(context.Context) error {
+	err := testReader(300*time.Millisecond).do(context.Background(), "k", func(context.Context) error {
 		n.Add(1)
 		return errBusy
 	})
@@ -153,10 +152,10 @@ func TestDoGivesUpOnARefusedConnectionSoon(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close()
 	r := testReader(time.Hour)
-	r.cfg.Transient = func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+	r.cfg.transient = func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 	start := time.Now()
 	var n atomic.Int64
-	err = r.Do(context.Background(), "k", func(ctx context.Context) error {
+	err = r.do(context.Background(), "k", func(ctx context.Context) error {
 		n.Add(1)
 		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 		if err == nil {
@@ -174,7 +173,7 @@ func TestDoGivesUpOnARefusedConnectionSoon(t *testing.T) {
 
 func TestDoTimesOutAStalledAttempt(t *testing.T) {
 	var n atomic.Int64
-	err := testReader(time.Second).Do(context.Background(), "k", func(ctx context.Context) error {
+	err := testReader(time.Second).do(context.Background(), "k", func(ctx context.Context) error {
 		if n.Add(1) == 1 {
 			<-ctx.Done() // stalls until the attempt's ReadTimeout
 			return errors.New("the SDK's own words for it")
@@ -184,7 +183,7 @@ func TestDoTimesOutAStalledAttempt(t *testing.T) {
 	if err != nil || n.Load() != 2 {
 		t.Errorf("Do = %v after %d attempts, want success on the second", err, n.Load())
 	}
-	err = testReader(300*time.Millisecond).Do(context.Background(), "k", func(ctx context.Context) error {
+	err = testReader(300*time.Millisecond).do(context.Background(), "k", func(ctx context.Context) error {
 		<-ctx.Done()
 		return ctx.Err()
 	})
@@ -194,14 +193,14 @@ func TestDoTimesOutAStalledAttempt(t *testing.T) {
 }
 
 func TestDoHoldsToTheSlots(t *testing.T) {
-	r := NewReader(ReaderConfig{Name: "s", MaxInFlight: 2, Transient: func(error) bool { return false },
-		Classify: func(err error) error { return err }})
+	r := newReader(readerConfig{name: "s", Tunables: Tunables{MaxInFlight: 2}, transient: func(error) bool { return false },
+		classify: func(err error) error { return err }})
 	var mu sync.Mutex
 	now, peak := 0, 0
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
-			r.Do(context.Background(), "k", func(context.Context) error {
+			r.do(context.Background(), "k", func(context.Context) error {
 				mu.Lock()
 				now++
 				peak = max(peak, now)
@@ -222,20 +221,19 @@ func TestDoHoldsToTheSlots(t *testing.T) {
 
 func TestFlags(t *testing.T) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	var inFlight int
-	var timeout, budget time.Duration
-	RegisterFlags(fs, "gcs", "GCS", &inFlight, &timeout, &budget)
+	var tu Tunables
+	tu.RegisterFlags(fs, "gcs", "GCS")
 	if err := fs.Parse([]string{"--gcs-read-timeout=5s"}); err != nil {
 		t.Fatal(err)
 	}
-	if inFlight != DefaultMaxInFlight || timeout != 5*time.Second || budget != DefaultRetryBudget {
-		t.Errorf("flags = %d %v %v", inFlight, timeout, budget)
+	if want := (Tunables{defaultMaxInFlight, 5 * time.Second, defaultRetryBudget}); tu != want {
+		t.Errorf("flags = %+v, want %+v", tu, want)
 	}
-	if err := ValidateFlags("gcs", inFlight, timeout, budget); err != nil {
+	if err := tu.Validate("gcs"); err != nil {
 		t.Error(err)
 	}
-	err := ValidateFlags("gcs", 0, timeout, budget)
-	if err == nil || !strings.Contains(err.Error(), "--gcs-max-in-flight") {
-		t.Errorf("ValidateFlags with no slots: %v", err)
+	tu.MaxInFlight = 0
+	if err := tu.Validate("gcs"); err == nil || !strings.Contains(err.Error(), "--gcs-max-in-flight") {
+		t.Errorf("Validate with no slots: %v", err)
 	}
 }

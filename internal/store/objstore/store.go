@@ -55,24 +55,32 @@ type Tunables struct {
 // RegisterFlags registers the tunables of store name on fs, with the defaults; title names the
 // store in the help texts.
 func (t *Tunables) RegisterFlags(fs *flag.FlagSet, name, title string) {
-	RegisterFlags(fs, name, title, &t.MaxInFlight, &t.ReadTimeout, &t.RetryBudget)
+	fs.IntVar(&t.MaxInFlight, name+"-max-in-flight", defaultMaxInFlight,
+		"most "+title+" requests in flight across all streams")
+	fs.DurationVar(&t.ReadTimeout, name+"-read-timeout", defaultReadTimeout,
+		"time one attempt of one "+title+" read may take, headers and body")
+	fs.DurationVar(&t.RetryBudget, name+"-retry-budget", defaultRetryBudget,
+		"time one "+title+" read may spend retrying 5xx, throttling, resets and broken bodies")
 }
 
 // Validate reports tunables no store can run with, naming the flags of store name.
 func (t Tunables) Validate(name string) error {
-	return ValidateFlags(name, t.MaxInFlight, t.ReadTimeout, t.RetryBudget)
+	if t.MaxInFlight < 1 || t.ReadTimeout <= 0 || t.RetryBudget <= 0 {
+		return fmt.Errorf("--%[1]s-max-in-flight, --%[1]s-read-timeout and --%[1]s-retry-budget must be positive", name)
+	}
+	return nil
 }
 
 // WithDefaults is t with the defaults where it is zero.
 func (t Tunables) WithDefaults() Tunables {
 	if t.MaxInFlight <= 0 {
-		t.MaxInFlight = DefaultMaxInFlight
+		t.MaxInFlight = defaultMaxInFlight
 	}
 	if t.ReadTimeout <= 0 {
-		t.ReadTimeout = DefaultReadTimeout
+		t.ReadTimeout = defaultReadTimeout
 	}
 	if t.RetryBudget <= 0 {
-		t.RetryBudget = DefaultRetryBudget
+		t.RetryBudget = defaultRetryBudget
 	}
 	return t
 }
@@ -99,7 +107,7 @@ type Store struct {
 	b      Backend
 	prefix string // with its trailing slash, or ""
 	name   string
-	reader *Reader
+	reader *reader
 }
 
 var _ store.Store = (*Store)(nil)
@@ -117,9 +125,8 @@ func New(b Backend, cfg Config) *Store {
 	if cfg.Prefix != "" {
 		s.prefix = cfg.Prefix + "/"
 	}
-	t := cfg.Tunables.WithDefaults()
-	s.reader = NewReader(ReaderConfig{Name: name, MaxInFlight: t.MaxInFlight, ReadTimeout: t.ReadTimeout,
-		RetryBudget: t.RetryBudget, Transient: b.Transient, Classify: s.classify})
+	s.reader = newReader(readerConfig{name: name, Tunables: cfg.Tunables, transient: b.Transient,
+		classify: s.classify})
 	return s
 }
 
@@ -182,7 +189,7 @@ func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 		return store.Info{}, err
 	}
 	var info store.Info
-	err := s.reader.Do(ctx, key, func(ctx context.Context) error {
+	err := s.reader.do(ctx, key, func(ctx context.Context) error {
 		var err error
 		info, err = s.b.Head(ctx, s.object(key))
 		return err
@@ -198,7 +205,7 @@ func (s *Store) Stat(ctx context.Context, key string) (store.Info, error) {
 // so a read that finds nothing asks the bucket once whether it is there.
 func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
 	name := s.object(key)
-	err := s.reader.ReadAt(ctx, key, p, off, func(ctx context.Context, off, n int64) (io.ReadCloser, int64, error) {
+	err := s.reader.readAt(ctx, key, p, off, func(ctx context.Context, off, n int64) (io.ReadCloser, int64, error) {
 		return s.b.Open(ctx, name, version, off, n)
 	})
 	if errors.Is(err, store.ErrNotFound) {
@@ -222,7 +229,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 	var keys []string
 	for token := ""; ; {
 		var names []string
-		err := s.reader.Do(ctx, prefix, func(ctx context.Context) error {
+		err := s.reader.do(ctx, prefix, func(ctx context.Context) error {
 			var next string
 			var err error
 			if names, next, err = s.b.List(ctx, under, token); err == nil {
@@ -249,7 +256,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]string, error) {
 // Check implements store.Store: one request, not retried, so a probe learns at once.
 func (s *Store) Check(ctx context.Context) error {
 	if err := s.b.Check(ctx); err != nil {
-		return s.reader.Err("", err)
+		return s.reader.fail("", err)
 	}
 	return nil
 }
