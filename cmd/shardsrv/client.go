@@ -83,6 +83,40 @@ type layoutFlags struct {
 	dpRank          int64
 	ep              bool
 	dtype           string
+	// vLLM's MoE options, nil unless their flag is given: the server has their defaults and refuses
+	// them on the lines without them.
+	pcp, pcpRank, redundantExperts *int64
+	eplb                           *bool
+	placement                      *string
+}
+
+// givenFlag is a flag that sets *p only when it is given, to the value it parses.
+type givenFlag[T any] struct {
+	p      **T
+	parse  func(string) (T, error)
+	isBool bool
+}
+
+func (g givenFlag[T]) String() string {
+	if g.p == nil || *g.p == nil {
+		return ""
+	}
+	return fmt.Sprint(**g.p)
+}
+
+func (g givenFlag[T]) Set(s string) error {
+	v, err := g.parse(s)
+	if err != nil {
+		return err
+	}
+	*g.p = &v
+	return nil
+}
+
+func (g givenFlag[T]) IsBoolFlag() bool { return g.isBool }
+
+func givenInt(p **int64) flag.Value {
+	return givenFlag[int64]{p: p, parse: func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }}
 }
 
 // engines are the engines the server lays out (docs/engines.md); the server has the last word.
@@ -105,7 +139,7 @@ func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rank
 		&l.ep,
 		"ep",
 		false,
-		"expert parallelism (enable_expert_parallel): each rank holds whole experts, spread over the TP x DP "+
+		"expert parallelism (enable_expert_parallel): each rank holds whole experts, spread over the TP x PCP x DP "+
 			"ranks;\nwithout it every expert is split by TP like the other weights, as vLLM does by default",
 	)
 	fs.StringVar(
@@ -114,6 +148,20 @@ func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rank
 		"",
 		"`DTYPE` the engine runs in: BF16, F16 or F32, any case (default the checkpoint's torch_dtype)",
 	)
+	// vLLM's own flag names, sent as the layout's fields of the same names when given.
+	fs.Var(givenInt(&l.pcp), "prefill-context-parallel-size", "vLLM's prefill-context-parallel `SIZE` "+
+		"(prefill_context_parallel_size, default 1): the PCP ranks of a TP rank hold its attention and dense "+
+		"weights;\nwith --ep the MoE group spans the TP x PCP x DP ranks")
+	fs.Var(givenInt(&l.pcpRank), "pcp-rank", "the prefill-context-parallel `RANK` (pcp_rank, default 0)")
+	fs.Var(givenFlag[bool]{p: &l.eplb, parse: strconv.ParseBool, isBool: true}, "enable-eplb",
+		"vLLM's expert-parallel load balancing (enable_eplb), with --ep;\nthe table is the placement EPLB "+
+			"starts from, before it moves experts")
+	fs.Var(givenInt(&l.redundantExperts), "num-redundant-experts", "`N` redundant physical experts "+
+		"(num_redundant_experts, default 0; vLLM takes them only with --enable-eplb):\nslot E+j holds logical expert j")
+	fs.Var(givenFlag[string]{p: &l.placement, parse: func(s string) (string, error) { return s, nil }},
+		"expert-placement-strategy", "how vLLM places experts over the EP ranks (expert_placement_strategy): "+
+			"`STRATEGY`\nlinear (a contiguous run each, the default) or round_robin (rank r holds r, r+EP, ...; "+
+			"vLLM applies it only to models that group their experts)")
 }
 
 // ranks reads --rank: one TP rank, or where a command takes several, a list (0,3,5) or all of --tp.
@@ -157,6 +205,9 @@ func (l *layoutFlags) layout(tpRank int64) api.EngineLayout {
 		dt := api.DType(strings.ToUpper(l.dtype)) // the contract spells dtypes in capitals; people type bf16
 		el.Dtype = &dt
 	}
+	el.PrefillContextParallelSize, el.PcpRank = l.pcp, l.pcpRank
+	el.EnableEplb, el.NumRedundantExperts = l.eplb, l.redundantExperts
+	el.ExpertPlacementStrategy = (*api.EngineLayoutExpertPlacementStrategy)(l.placement)
 	return el
 }
 
@@ -355,7 +406,8 @@ func rewind(f *os.File) func() error {
 const fetchUsage = `Usage:
   shardsrv fetch --request FILE -o OUT|-
   shardsrv fetch --checkpoint NAME --layout vllm --tp N --rank R|R,R,...|all [--parallel N]
-                 [--dp N --dp-rank R --ep] [--dtype DTYPE] --out DIR
+                 [--dp N --dp-rank R --ep] [vLLM's MoE options, as 'shardsrv layout -h' lists them]
+                 [--dtype DTYPE] --out DIR
   shardsrv fetch --checkpoint NAME --small-files --out DIR
 
 The first form POSTs a shard request (JSON, such as 'shardsrv layout' prints) to /v1/shards and
@@ -368,8 +420,9 @@ The second writes a directory vLLM loads with --load-format sharded_state: for e
 DIR/model-rank-R-part-0.safetensors holding the parameters vLLM holds on that rank, as the server
 lays them out from the checkpoint's config.json, --parallel ranks at a time; then the checkpoint's
 small files (config.json, generation_config.json, tokenizer files), last: a DIR holding
-config.json is complete. Each file appears whole or not at all. With --ep and --dp above 1 the DP
-ranks hold different experts under the same file names: give each DP rank its own DIR.
+config.json is complete. Each file appears whole or not at all. With --ep and --dp (or
+--prefill-context-parallel-size) above 1 the DP (PCP) ranks hold different experts under the same
+file names: give each DP (PCP) rank its own DIR.
 
 The third writes the small files only, no weights: the model directory of a vLLM that loads its
 weights through the shardsrv plugin (--load-format shardsrv).
@@ -388,6 +441,8 @@ Examples:
     --out /models/qwen2-moe-tiny-tp2
   vllm serve /models/qwen2-moe-tiny-tp2 --load-format sharded_state --tensor-parallel-size 2
   shardsrv fetch --checkpoint llama-3-70b --layout vllm --tp 16 --rank 8,9,10,11,12,13,14,15 --out /models/l70
+  shardsrv fetch --checkpoint glm-4.6 --layout vllm --tp 8 --rank all --ep --enable-eplb --num-redundant-experts 32 \
+    --out /models/glm-4.6-ep8
   shardsrv fetch --checkpoint qwen2-moe-tiny --small-files --out /models/qwen2-moe-tiny
 `
 
@@ -814,7 +869,9 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 const layoutUsage = `Usage: shardsrv layout --checkpoint NAME [--engine vllm] [--engine-version LINE] --tp N --rank R
-                       [--dp N --dp-rank R --ep] [--dtype DTYPE] [--format json|table] [--check MANIFEST.json]
+                       [--dp N --dp-rank R --ep] [--prefill-context-parallel-size N --pcp-rank R]
+                       [--enable-eplb] [--num-redundant-experts N] [--expert-placement-strategy STRATEGY]
+                       [--dtype DTYPE] [--format json|table] [--check MANIFEST.json]
 
 Prints the tensors an inference engine holds on one rank, as the server lays them out from the
 checkpoint's config.json (POST /v1/layouts): the engine's parameter names, each tensor of the
@@ -822,6 +879,12 @@ rank's parameter shape, with the table that says where each element comes from. 
 default) is a shard request body carrying that explicit table, ready to POST to /v1/shards (or to
 'shardsrv plan' and 'shardsrv fetch') as it is or edited; table lists name, dtype and shape.
 To fetch a rank without a table, 'shardsrv fetch --layout' sends the layout itself.
+vLLM's MoE options (prefill-context parallelism, EPLB and its redundant experts, the expert
+placement) take vLLM's own flag names, so a deployment's flags carry over; each one given goes to
+the server as the layout field of the same name, unchecked here. What vLLM refuses the server
+refuses, with the field it points at: a redundant expert without --enable-eplb, EPLB without --ep
+or for a model vLLM does not balance, PCP with --dp above 1, any of them set on --engine-version
+0.10, which has none of them.
 --check compares the table with a manifest a live engine dumped for the same rank (a JSON list of
 {name, shape, dtype}; clients/python's shardsrv.manifest writes it), prints every difference, and
 fails if there is one: how to learn, before any weights move, that a release renamed a tensor.
@@ -829,6 +892,9 @@ fails if there is one: how to learn, before any weights move, that a release ren
 Examples:
   shardsrv layout --server http://localhost:8080 --checkpoint qwen2-moe-tiny --tp 2 --rank 1 --format table
   shardsrv layout --checkpoint qwen2-moe-tiny --tp 2 --rank 1 --ep --dtype bf16 > rank1.json
+  shardsrv layout --checkpoint glm-4.6 --tp 4 --rank 3 --ep --enable-eplb --num-redundant-experts 16 --format table
+  shardsrv layout --checkpoint deepseek-v3 --tp 8 --rank 0 --ep --expert-placement-strategy round_robin
+  shardsrv layout --checkpoint qwen3-30b-a3b --tp 2 --rank 1 --prefill-context-parallel-size 2 --pcp-rank 1 --ep
 `
 
 // layoutCmd: shardsrv layout --checkpoint NAME --engine vllm --tp N --rank R

@@ -397,7 +397,9 @@ class Client:
     def layout(self, checkpoint, layout):
         """The explicit tensors table an engine's rank expands to (POST /v1/layouts): a list to send
         as ``tensors``, as it is or edited. layout is e.g. {"engine": "vllm", "tensor_parallel_size":
-        8, "tp_rank": 3}, with optional "enable_expert_parallel", "data_parallel_size", "dp_rank", "dtype"."""
+        8, "tp_rank": 3}, with the optional fields of docs/engines.md ("engine_version", "enable_expert_parallel",
+        "data_parallel_size", "dp_rank", "dtype", vLLM's "prefill_context_parallel_size", "pcp_rank",
+        "enable_eplb", "num_redundant_experts", "expert_placement_strategy"), sent as they are."""
         return self._json("POST", "/v1/layouts", {"checkpoint": checkpoint, "layout": layout})["tensors"]
 
     def files(self, checkpoint):

@@ -36,9 +36,14 @@ __all__ = ["CheckError", "check", "dump", "manifest", "saved"]
 # The table's dtype names (safetensors'), by str(tensor.dtype).
 _NAMES = {"torch." + torch_name: name for name, torch_name in _TORCH_DTYPES.items()}
 
-# The flag of ``shardsrv layout`` that carries each member of a layout (docs/contract.md).
+# The flag of ``shardsrv layout`` that carries each member of a layout (docs/contract.md); vLLM's
+# MoE options have vLLM's own flag names.
 _LAYOUT_FLAGS = {"engine": "--engine", "engine_version": "--engine-version", "tensor_parallel_size": "--tp",
-                 "tp_rank": "--rank", "data_parallel_size": "--dp", "dp_rank": "--dp-rank", "dtype": "--dtype"}
+                 "tp_rank": "--rank", "data_parallel_size": "--dp", "dp_rank": "--dp-rank", "dtype": "--dtype",
+                 "enable_expert_parallel": "--ep", "prefill_context_parallel_size": "--prefill-context-parallel-size",
+                 "pcp_rank": "--pcp-rank", "enable_eplb": "--enable-eplb",
+                 "num_redundant_experts": "--num-redundant-experts",
+                 "expert_placement_strategy": "--expert-placement-strategy"}
 
 
 def manifest(state):
@@ -88,13 +93,12 @@ def check(entries, checkpoint, layout, server=None, binary=None):
     if server is not None:
         args += ["--server", server]
     for key, value in layout.items():
-        if key == "enable_expert_parallel":
-            args += ["--ep"] if value else []
-        elif key in _LAYOUT_FLAGS:
-            args += [_LAYOUT_FLAGS[key], str(value)]
+        if key not in _LAYOUT_FLAGS:
+            raise ValueError(f"shardsrv: layout member {key!r}: one of {sorted(_LAYOUT_FLAGS)}")
+        if isinstance(value, bool):  # the command's switches take their value after "="
+            args.append(f"{_LAYOUT_FLAGS[key]}={str(value).lower()}")
         else:
-            raise ValueError(f"shardsrv: layout member {key!r}: one of {sorted(_LAYOUT_FLAGS)} or "
-                             "enable_expert_parallel")
+            args += [_LAYOUT_FLAGS[key], str(value)]
     with tempfile.TemporaryDirectory() as tmp:
         path = entries
         if not isinstance(entries, (str, os.PathLike)):

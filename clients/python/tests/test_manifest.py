@@ -9,6 +9,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from shardsrv import Client  # noqa: E402
 from shardsrv import manifest as mf  # noqa: E402
 from test_client import BINARY, CKPT, ExampleServer  # noqa: E402
 
@@ -67,6 +68,22 @@ class Check(ExampleServer):
             mf.check([], "no-such", LAYOUT, server=self.url, binary=BINARY)
         with self.assertRaisesRegex(ValueError, "pipeline_parallel_size"):
             self.check([], {**LAYOUT, "pipeline_parallel_size": 2})
+
+    def test_vllms_moe_options_reach_the_server_as_they_are(self):
+        pcp = {"engine": "vllm", "tensor_parallel_size": 2, "tp_rank": 1, "enable_expert_parallel": True,
+               "prefill_context_parallel_size": 2, "pcp_rank": 1, "enable_eplb": False,
+               "num_redundant_experts": 0, "expert_placement_strategy": "round_robin"}
+        table = Client(self.url).layout(CKPT, pcp)
+        entries = [{"name": t["name"], "shape": t["shape"], "dtype": t["dtype"]} for t in table]
+        self.assertEqual(self.check(entries, pcp), [])
+        # What the server refuses is its 422, naming the field the member set.
+        for member, field in [({"enable_eplb": True}, "enable_eplb"),  # Qwen2-MoE is not balanced
+                              ({"num_redundant_experts": 2}, "num_redundant_experts"),
+                              ({"data_parallel_size": 2}, "prefill_context_parallel_size"),
+                              ({"expert_placement_strategy": "zigzag"}, "expert_placement_strategy"),
+                              ({"pcp_rank": 2}, "pcp_rank")]:
+            with self.assertRaisesRegex(mf.CheckError, "(?s)422 .*/layout/" + field + ":", msg=member):
+                self.check(entries, {**pcp, **member})
 
     @unittest.skipIf(torch is None, "a state dict needs torch")
     def test_a_models_state_dict_matches_and_a_retyped_tensor_is_reported(self):
