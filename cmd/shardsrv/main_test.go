@@ -40,6 +40,11 @@ func TestConfigErrorsSayWhatToFix(t *testing.T) {
 		{nil, "", "--store is required"},
 		{[]string{"--store", "x", "--window", "-1"}, "", "must not be negative"},
 		{[]string{"--store", "x", "--log-level", "loud"}, "", "--log-level"},
+		{[]string{"--store", "s3://b", "--s3-read-timeout", "-1s"}, "", "--s3-read-timeout"},
+		{[]string{"--store", "gs://b", "--gcs-max-in-flight", "-1"}, "", "--gcs-max-in-flight"},
+		{[]string{"--store", "az://a/c", "--azure-retry-budget", "-1s"}, "", "--azure-retry-budget"},
+		{[]string{"--store", "x", "--peers", "http://a:1", "--advertise", "http://a:1", "--peer-token-file", "f",
+			"--peer-timeout", "-1s"}, "", "--peer-timeout"},
 		{[]string{"--store", "x"}, "nope", "SHARDSRV_MAX_READ"},
 	} {
 		if c.env != "" {
@@ -52,6 +57,24 @@ func TestConfigErrorsSayWhatToFix(t *testing.T) {
 	}
 	if _, err := openStore(context.Background(), &config{store: "ftp://host/dir"}); err == nil {
 		t.Error("an unsupported store URL must be refused")
+	}
+}
+
+// Zero is the default for the object stores' tunables, the peer time-out and serve's own
+// durations too, as for every other setting (docs/configuration.md).
+func TestZeroTakesTheDefault(t *testing.T) {
+	for _, args := range [][]string{
+		{"--store", "s3://b", "--s3-max-in-flight", "0", "--s3-read-timeout", "0s", "--s3-retry-budget", "0s"},
+		{"--store", "gs://b", "--gcs-max-in-flight", "0", "--gcs-read-timeout", "0s", "--gcs-retry-budget", "0s"},
+		{"--store", "az://a/c", "--azure-max-in-flight", "0", "--azure-read-timeout", "0s",
+			"--azure-retry-budget", "0s"},
+		{"--store", "x", "--peers", "http://a:1", "--advertise", "http://a:1", "--peer-token-file", "f",
+			"--peer-timeout", "0s", "--peers-dns-refresh", "0s", "--cache-bytes", "64Mi"},
+		{"--store", "x", "--idle-timeout", "0s", "--shutdown-grace", "0s"},
+	} {
+		if _, err := parseServe(args, io.Discard); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
 	}
 }
 

@@ -24,7 +24,7 @@ type sharedCache struct {
 // Without --peers the cluster store owns every chunk and only counts what prefetches fill.
 func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.Providers,
 	clientTokens *auth.Tokens, certs *certReloader, log *slog.Logger) (*sharedCache, error) {
-	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.Chunk(), Timeout: c.cluster.FetchTimeout(),
+	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.Chunk(), Timeout: c.cluster.Timeout,
 		Tracer: tel.Tracer, Meter: tel.Meter, Logger: log}
 	if c.tls.peerCAFile != "" || certs != nil {
 		var err error

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -53,6 +54,12 @@ type config struct {
 	logLevel     string
 }
 
+// The defaults of serve's own durations, which zero also means.
+const (
+	defaultIdleTimeout   = 2 * time.Minute
+	defaultShutdownGrace = 25 * time.Second
+)
+
 // newServeFlags returns serve's flags over a fresh config whose defaults suit a local directory,
 // or an object store.
 func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) {
@@ -77,10 +84,10 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 	c.cluster.RegisterFlags(fs)
 	c.tls.register(fs)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle keep-alive connection stays open")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", defaultIdleTimeout, "how long an idle keep-alive connection stays open")
 	fs.StringVar(&c.tokensFile, "auth-tokens-file", "", "`FILE` of bearer tokens, one per line, re-read when it "+
 		"changes; every route but /healthz, /readyz and /metrics then needs one (default: no auth)")
-	fs.DurationVar(&c.grace, "shutdown-grace", 25*time.Second,
+	fs.DurationVar(&c.grace, "shutdown-grace", defaultShutdownGrace,
 		"after --drain-delay, how long in-flight streams may take to finish once the listener is closed")
 	fs.DurationVar(&c.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long /readyz answers 503 "+
 		"while new requests are still served, so load balancers stop sending first")
@@ -160,9 +167,9 @@ func (c *config) validate() error {
 		errs = append(errs, errors.New(
 			"--store is required: the directory holding checkpoint folders (try 'make run' for an example)"))
 	}
-	if c.idleTimeout <= 0 || c.drainDelay < 0 || c.grace <= 0 || c.storeGrace < 0 {
+	if c.idleTimeout < 0 || c.drainDelay < 0 || c.grace < 0 || c.storeGrace < 0 {
 		errs = append(errs, errors.New(
-			"--idle-timeout and --shutdown-grace must be positive, --drain-delay and --ready-store-grace at least 0"))
+			"--idle-timeout, --shutdown-grace, --drain-delay and --ready-store-grace must not be negative"))
 	}
 	if shared := c.budget.Shared(); shared > 0 && c.planner.MaxPlanBytes > shared {
 		errs = append(errs, errors.New("--max-plan-bytes must fit in --memory-bytes minus --cache-bytes"))
@@ -270,7 +277,7 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	// Headers get 10 s, a body --body-timeout (a read deadline per request); idle keep-alive
 	// connections are closed after --idle-timeout.
-	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: c.idleTimeout,
+	httpSrv := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cmp.Or(c.idleTimeout, defaultIdleTimeout),
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), TLSConfig: tlsConfig}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -297,7 +304,7 @@ func serve(args []string, stderr io.Writer) error {
 	second, cancelSecond := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancelSecond()
 	stop()
-	if err := srv.Shutdown(second, httpSrv, c.drainDelay, c.grace); err != nil {
+	if err := srv.Shutdown(second, httpSrv, c.drainDelay, cmp.Or(c.grace, defaultShutdownGrace)); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
 	return nil

@@ -38,7 +38,8 @@ const (
 	EnvAccountKey       = "AZURE_STORAGE_KEY"
 )
 
-// Config says which container to read and how hard to try.
+// Config says which container to read and how hard to try; tunables left at zero take their defaults
+// (objstore.Tunables).
 type Config struct {
 	Account   string
 	Container string
@@ -59,7 +60,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Tunables.RegisterFlags(fs, "azure", "Azure")
 }
 
-// Validate reports the settings no store can run with.
+// Validate reports the settings no store can run with: negative tunables; zero ones take the
+// defaults.
 func (c *Config) Validate() error { return c.Tunables.Validate("azure") }
 
 // SetURL takes Account, Container and Prefix from a --store URL, az://ACCOUNT/CONTAINER[/PREFIX].
@@ -78,6 +80,9 @@ func (c *Config) Open(ctx context.Context) (store.Store, error) { return New(ctx
 // New builds a store. The SDK's own retries are off, since objstore retries and resumes under one
 // budget.
 func New(ctx context.Context, cfg Config) (*objstore.Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.Tunables = cfg.Tunables.WithDefaults()
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConns = 2 * cfg.MaxInFlight

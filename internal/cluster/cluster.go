@@ -112,14 +112,15 @@ func ringHash(b []byte) uint32 {
 type Options struct {
 	// Self is this replica's base URL as its peers reach it (--advertise); "" when it runs alone.
 	Self string
-	// ChunkBytes is the chunk cache's chunk above this store.
+	// ChunkBytes is the chunk cache's chunk above this store. It has no default: it must be the
+	// chunk of the cache above, which New cannot know.
 	ChunkBytes int64
 	// StripeBytes is the unit of ownership, rounded up to whole chunks (0: DefaultStripeBytes).
 	StripeBytes int64
 	// Token is the shared secret presented to peers.
 	Token func() string
 	// Timeout bounds one fetch from a peer, from dialling to the last byte; past it the chunk is
-	// read from storage here.
+	// read from storage here (zero: DefaultTimeout).
 	Timeout time.Duration
 	// TLS is how https:// peers are reached (nil: the system's roots, no client certificate).
 	TLS    *tls.Config
@@ -173,9 +174,12 @@ var (
 
 // New wraps inner. Until SetPeers names other replicas, every chunk is read from inner.
 func New(inner store.Store, opts Options) (*Store, error) {
-	if opts.ChunkBytes <= 0 || opts.Timeout <= 0 {
-		return nil, fmt.Errorf("cluster: chunk size %d and peer time-out %s must be positive", opts.ChunkBytes,
-			opts.Timeout)
+	if opts.ChunkBytes <= 0 || opts.StripeBytes < 0 || opts.Timeout < 0 {
+		return nil, fmt.Errorf("cluster: chunk size %d must be positive, stripe %d and peer time-out %s not negative",
+			opts.ChunkBytes, opts.StripeBytes, opts.Timeout)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
 	}
 	if opts.Self != "" {
 		self, err := Normalize(opts.Self)

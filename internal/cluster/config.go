@@ -21,7 +21,7 @@ type Config struct {
 	DNSRefresh time.Duration // how often PeersDNS is resolved again (zero: DefaultDNSRefresh)
 	Advertise  string        // this replica's base URL as its peers reach it
 	TokenFile  string        // the shared secret peers present to each other
-	Timeout    time.Duration // one chunk fetch from a peer (zero: DefaultTimeout); FetchTimeout is in effect
+	Timeout    time.Duration // one chunk fetch from a peer (zero: DefaultTimeout)
 
 	// lookup resolves PeersDNS; net.DefaultResolver.LookupHost unless a test replaces it.
 	lookup func(ctx context.Context, host string) ([]string, error)
@@ -35,14 +35,6 @@ const (
 	DefaultDNSRefresh = 10 * time.Second
 	DefaultTimeout    = 30 * time.Second
 )
-
-// FetchTimeout is the longest one chunk fetch from a peer may take.
-func (c *Config) FetchTimeout() time.Duration {
-	if c.Timeout == 0 {
-		return DefaultTimeout
-	}
-	return c.Timeout
-}
 
 func (c *Config) refresh() time.Duration {
 	if c.DNSRefresh == 0 {

@@ -125,3 +125,21 @@ func TestDiscoveryStopsWithItsContext(t *testing.T) {
 		t.Errorf("peers %v", got)
 	}
 }
+
+// Options follow the one zero-value rule: a zero time-out or stripe is the default, negatives are
+// refused, and the chunk, which must be the cache's above, is required.
+func TestOptionsZeroIsTheDefault(t *testing.T) {
+	s, err := New(nil, Options{ChunkBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.opts.Timeout != DefaultTimeout || s.stripe != DefaultStripeBytes {
+		t.Errorf("zero options: time-out %s, stripe %d; want %s and %d", s.opts.Timeout, s.stripe, DefaultTimeout,
+			DefaultStripeBytes)
+	}
+	for _, o := range []Options{{}, {ChunkBytes: 64 << 10, Timeout: -time.Second}, {ChunkBytes: 64 << 10, StripeBytes: -1}} {
+		if _, err := New(nil, o); err == nil {
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+}

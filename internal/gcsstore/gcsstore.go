@@ -26,7 +26,8 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store/objstore"
 )
 
-// Config says which bucket to read and how hard to try.
+// Config says which bucket to read and how hard to try; tunables left at zero take their defaults
+// (objstore.Tunables).
 type Config struct {
 	Bucket string
 	Prefix string // object name prefix, without a trailing slash
@@ -45,7 +46,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Tunables.RegisterFlags(fs, "gcs", "GCS")
 }
 
-// Validate reports the settings no store can run with.
+// Validate reports the settings no store can run with: negative tunables; zero ones take the
+// defaults.
 func (c *Config) Validate() error { return c.Tunables.Validate("gcs") }
 
 // SetURL takes Bucket and Prefix from a --store URL, gs://BUCKET[/PREFIX].
@@ -64,6 +66,9 @@ func (c *Config) Open(ctx context.Context) (store.Store, error) { return New(ctx
 // New builds a store. Reads use the JSON API, as the SDK recommends; the SDK's own retries are
 // off, since objstore retries and resumes under one budget.
 func New(ctx context.Context, cfg Config) (*objstore.Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	opts := []option.ClientOption{storage.WithJSONReads()}
 	emulator := cfg.Endpoint
 	if emulator != "" {

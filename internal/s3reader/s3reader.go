@@ -26,7 +26,8 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store/objstore"
 )
 
-// Config says which bucket to read and how hard to try.
+// Config says which bucket to read and how hard to try; tunables left at zero take their defaults
+// (objstore.Tunables).
 type Config struct {
 	Bucket string
 	Prefix string // key prefix, without a trailing slash
@@ -46,7 +47,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Tunables.RegisterFlags(fs, "s3", "S3")
 }
 
-// Validate reports the settings no store can run with.
+// Validate reports the settings no store can run with: negative tunables; zero ones take the
+// defaults.
 func (c *Config) Validate() error { return c.Tunables.Validate("s3") }
 
 // SetURL takes Bucket and Prefix from a --store URL, s3://BUCKET[/PREFIX].
@@ -65,6 +67,9 @@ func (c *Config) Open(ctx context.Context) (store.Store, error) { return New(ctx
 // New builds a store; credentials and region come from the standard AWS chain (environment,
 // shared profile, web identity for IRSA).
 func New(ctx context.Context, cfg Config) (*objstore.Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.Tunables = cfg.Tunables.WithDefaults()
 	if cfg.Endpoint == "" {
 		cfg.Endpoint = firstEnv("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")

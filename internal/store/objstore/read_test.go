@@ -232,8 +232,16 @@ func TestFlags(t *testing.T) {
 	if err := tu.Validate("gcs"); err != nil {
 		t.Error(err)
 	}
-	tu.MaxInFlight = 0
-	if err := tu.Validate("gcs"); err == nil || !strings.Contains(err.Error(), "--gcs-max-in-flight") {
-		t.Errorf("Validate with no slots: %v", err)
+	if err := (Tunables{}).Validate("gcs"); err != nil {
+		t.Errorf("Validate refuses zero tunables, which take the defaults: %v", err)
+	}
+	if got, want := (Tunables{}).WithDefaults(), (Tunables{defaultMaxInFlight, defaultReadTimeout,
+		defaultRetryBudget}); got != want {
+		t.Errorf("zero tunables = %+v, want the defaults %+v", got, want)
+	}
+	for _, neg := range []Tunables{{MaxInFlight: -1}, {ReadTimeout: -time.Second}, {RetryBudget: -time.Second}} {
+		if err := neg.Validate("gcs"); err == nil || !strings.Contains(err.Error(), "--gcs-max-in-flight") {
+			t.Errorf("Validate(%+v): %v, want the flags named", neg, err)
+		}
 	}
 }

@@ -42,13 +42,15 @@ type Backend interface {
 }
 
 // Tunables are how hard a store tries, the same for every object store: each is a flag,
-// --NAME-max-in-flight, --NAME-read-timeout and --NAME-retry-budget. Zero takes the default.
+// --NAME-max-in-flight, --NAME-read-timeout and --NAME-retry-budget. A field left at zero takes
+// its default, which is its flag's; Validate refuses only negatives.
 type Tunables struct {
-	// MaxInFlight caps concurrent requests to the store; the connection pool keeps as many idle.
+	// MaxInFlight caps concurrent requests to the store; the connection pool keeps as many idle
+	// (zero: 64).
 	MaxInFlight int
-	// ReadTimeout bounds one attempt of one request, headers and body.
+	// ReadTimeout bounds one attempt of one request, headers and body (zero: 30 s).
 	ReadTimeout time.Duration
-	// RetryBudget bounds the time one operation spends on retries.
+	// RetryBudget bounds the time one operation spends on retries (zero: 60 s).
 	RetryBudget time.Duration
 }
 
@@ -63,23 +65,23 @@ func (t *Tunables) RegisterFlags(fs *flag.FlagSet, name, title string) {
 		"time one "+title+" read may spend retrying 5xx, throttling, resets and broken bodies")
 }
 
-// Validate reports tunables no store can run with, naming the flags of store name.
+// Validate reports tunables no default mends (negatives), naming the flags of store name.
 func (t Tunables) Validate(name string) error {
-	if t.MaxInFlight < 1 || t.ReadTimeout <= 0 || t.RetryBudget <= 0 {
-		return fmt.Errorf("--%[1]s-max-in-flight, --%[1]s-read-timeout and --%[1]s-retry-budget must be positive", name)
+	if t.MaxInFlight < 0 || t.ReadTimeout < 0 || t.RetryBudget < 0 {
+		return fmt.Errorf("--%[1]s-max-in-flight, --%[1]s-read-timeout and --%[1]s-retry-budget must not be negative", name)
 	}
 	return nil
 }
 
 // WithDefaults is t with the defaults where it is zero.
 func (t Tunables) WithDefaults() Tunables {
-	if t.MaxInFlight <= 0 {
+	if t.MaxInFlight == 0 {
 		t.MaxInFlight = defaultMaxInFlight
 	}
-	if t.ReadTimeout <= 0 {
+	if t.ReadTimeout == 0 {
 		t.ReadTimeout = defaultReadTimeout
 	}
-	if t.RetryBudget <= 0 {
+	if t.RetryBudget == 0 {
 		t.RetryBudget = defaultRetryBudget
 	}
 	return t
@@ -112,8 +114,12 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
-// New builds the store over b.
+// New builds the store over b; tunables left at zero take the defaults. It panics on tunables
+// Validate refuses: a backend's New validates them first and returns the error.
 func New(b Backend, cfg Config) *Store {
+	if err := cfg.Tunables.Validate(strings.ToLower(cfg.Kind)); err != nil {
+		panic(err)
+	}
 	name := cfg.Kind + " store " + cfg.Bucket
 	if cfg.Prefix != "" {
 		name += "/" + cfg.Prefix

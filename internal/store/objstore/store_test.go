@@ -144,3 +144,16 @@ func TestMissingBucket(t *testing.T) {
 		t.Errorf("ReadAt of a missing object: %v, want ErrNotFound naming the key", err)
 	}
 }
+
+// Tunables left at zero take the defaults; New refuses negatives, as the backends' Validate does.
+func TestNewTakesZeroTunablesAndRefusesNegatives(t *testing.T) {
+	if got := New(pages{}, Config{Kind: "S3"}).reader.cfg.Tunables; got != (Tunables{}).WithDefaults() {
+		t.Errorf("zero tunables became %+v", got)
+	}
+	defer func() {
+		if err, _ := recover().(error); err == nil || !strings.Contains(err.Error(), "--s3-max-in-flight") {
+			t.Errorf("New with a negative tunable: recovered %v, want the flags named", err)
+		}
+	}()
+	New(pages{}, Config{Kind: "S3", Tunables: Tunables{MaxInFlight: -1}})
+}
