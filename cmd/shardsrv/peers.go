@@ -48,11 +48,10 @@ func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.
 	if err != nil {
 		return nil, err
 	}
-	cached, err := cache.New(ring, c.cache.Bytes, c.cache.Chunk())
+	cached, err := cache.New(ring, c.cache.Bytes, c.cache.Chunk(), tel.Meter)
 	if err != nil {
 		return nil, err
 	}
-	telemetry.ObserveCache(tel.Meter, cached)
 	return &sharedCache{cache: cached, handler: cluster.NewHandler(ring, cached), peerTokens: peerTokens,
 		discovery: c.cluster.Discover(ctx, ring, log)}, nil
 }

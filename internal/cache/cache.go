@@ -24,6 +24,7 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/shardsrv/shardsrv/internal/bytesize"
 	"github.com/shardsrv/shardsrv/internal/store"
@@ -148,8 +149,9 @@ var (
 )
 
 // New wraps inner with a cache of capacity bytes in chunks of chunkSize bytes. Every chunk is
-// counted as chunkSize, so the bound holds even for the shorter last chunk of a file.
-func New(inner store.Store, capacity, chunkSize int64) (*Store, error) {
+// counted as chunkSize, so the bound holds even for the shorter last chunk of a file. Its
+// counters are instruments of mp (nil: none).
+func New(inner store.Store, capacity, chunkSize int64, mp metric.MeterProvider) (*Store, error) {
 	if capacity < chunkSize || chunkSize <= 0 {
 		return nil, fmt.Errorf("cache: capacity %d must hold at least one chunk of %d bytes", capacity, chunkSize)
 	}
@@ -164,6 +166,7 @@ func New(inner store.Store, capacity, chunkSize int64) (*Store, error) {
 		return nil, err
 	}
 	s.sizes, _ = lru.New[string, checked](4096)
+	s.observe(mp)
 	return s, nil
 }
 

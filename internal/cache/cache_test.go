@@ -22,7 +22,7 @@ func local(t *testing.T) (store.Store, func(string, []byte)) { return storetest.
 func TestCacheConformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{New: func(t *testing.T) (store.Store, func(string, []byte)) {
 		inner, put := local(t)
-		c, err := cache.New(inner, 64<<10, 4<<10)
+		c, err := cache.New(inner, 64<<10, 4<<10, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func setup(t *testing.T, size int) (*cache.Store, *storetest.Counting, store.Inf
 	}
 	put("f", data)
 	counting := storetest.NewCounting(inner)
-	c, err := cache.New(counting, 1<<20, 4096)
+	c, err := cache.New(counting, 1<<20, 4096, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestOneClientsCancelDoesNotAbortAFillOthersWaitFor(t *testing.T) {
 	put("f", bytes.Repeat([]byte{7}, 8192))
 	info, _ := inner.Stat(context.Background(), "f")
 	slow := &slowStore{Store: inner, release: make(chan struct{})}
-	c, _ := cache.New(slow, 1<<20, 4096)
+	c, _ := cache.New(slow, 1<<20, 4096, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() { first <- c.ReadAt(ctx, "f", info.Version, make([]byte, 100), 0) }()
@@ -142,7 +142,7 @@ func TestErrorsAreNotCached(t *testing.T) {
 	inner, put := local(t)
 	put("f", bytes.Repeat([]byte{3}, 4096))
 	info, _ := inner.Stat(context.Background(), "f")
-	c, _ := cache.New(&failOnce{Store: inner}, 1<<20, 4096)
+	c, _ := cache.New(&failOnce{Store: inner}, 1<<20, 4096, nil)
 	p := make([]byte, 10)
 	if err := c.ReadAt(context.Background(), "f", info.Version, p, 0); err == nil {
 		t.Fatal("the first read should fail")
@@ -207,7 +207,7 @@ func TestEvictionNeverRecyclesAChunkBeingWritten(t *testing.T) {
 	}
 	put("f", data)
 	info, _ := inner.Stat(context.Background(), "f")
-	small, err := cache.New(inner, 4*4096, 4096)
+	small, err := cache.New(inner, 4*4096, 4096, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestFillsReadWholeUnitsOnce(t *testing.T) {
 		put(key, data)
 		info, _ := inner.Stat(ctx, key)
 		a := &aligned{Counting: storetest.NewCounting(inner), unit: unit, size: size}
-		c, err := cache.New(a, 64*size+chunk, chunk)
+		c, err := cache.New(a, 64*size+chunk, chunk, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -118,7 +118,7 @@ func (c *s3Cluster) add() *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cached, err := cache.New(r.ring, 256<<20, c.chunk)
+	cached, err := cache.New(r.ring, 256<<20, c.chunk, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
