@@ -51,6 +51,7 @@ func TestAzureFaults(t *testing.T) {
 	a := aztest.Start(t)
 	faultproxy.RunMatrix(t, faultproxy.Harness{
 		CreateBucket: func(t *testing.T, c string) { a.CreateContainer(t, c) },
+		DeleteBucket: func(t *testing.T, c string) { a.DeleteContainer(t, c) },
 		Put:          func(t *testing.T, c, key string, data []byte) { a.Put(t, c, key, data) },
 		NewProxy:     a.NewProxy,
 		Store: func(t *testing.T, root, c string, readTimeout, retryBudget time.Duration) store.Store {

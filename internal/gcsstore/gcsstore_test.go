@@ -55,6 +55,7 @@ func TestGCSFaults(t *testing.T) {
 	g := gcstest.Start(t)
 	faultproxy.RunMatrix(t, faultproxy.Harness{
 		CreateBucket: func(t *testing.T, bucket string) { g.CreateBucket(t, bucket) },
+		DeleteBucket: func(t *testing.T, bucket string) { g.DeleteBucket(t, bucket) },
 		Put:          func(t *testing.T, bucket, key string, data []byte) { g.Put(t, bucket, key, data) },
 		NewProxy:     g.NewProxy,
 		Store: func(t *testing.T, endpoint, bucket string, readTimeout, retryBudget time.Duration) store.Store {

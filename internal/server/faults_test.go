@@ -332,12 +332,3 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 		t.Errorf("/readyz with wrong credentials: %d", res.StatusCode)
 	}
 }
-
-func TestS3MissingBucketIsA502(t *testing.T) {
-	e := faultServer(t, s3reader.Config{Bucket: "no-such-bucket", Tunables: objstore.Tunables{RetryBudget: time.Second}})
-	e.expectProblem(t, 502, "no-such-bucket", "urn:shardsrv:problem:store-bucket-missing", `"retryable":false`)
-	res, _ := http.Get(e.url + "/readyz")
-	if res.StatusCode != 503 {
-		t.Errorf("/readyz without a bucket: %d", res.StatusCode)
-	}
-}

@@ -143,6 +143,14 @@ func (s *Server) CreateContainer(t testing.TB, name string) {
 	}
 }
 
+// DeleteContainer deletes a container and its blobs.
+func (s *Server) DeleteContainer(t testing.TB, name string) {
+	t.Helper()
+	if _, err := s.Client.DeleteContainer(context.Background(), name, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Put writes (or replaces) a blob.
 func (s *Server) Put(t testing.TB, container, key string, data []byte) {
 	t.Helper()

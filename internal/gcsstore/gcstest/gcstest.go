@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/storage"
+	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 
 	"github.com/shardsrv/shardsrv/internal/s3reader/s3test"
@@ -124,6 +125,28 @@ func (s *Server) Stop() {
 func (s *Server) CreateBucket(t testing.TB, bucket string) {
 	t.Helper()
 	if err := s.Client.Bucket(bucket).Create(context.Background(), "test-project", nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// DeleteBucket deletes a bucket and every object in it.
+func (s *Server) DeleteBucket(t testing.TB, bucket string) {
+	t.Helper()
+	ctx := context.Background()
+	b := s.Client.Bucket(bucket)
+	for it := b.Objects(ctx, nil); ; {
+		o, err := it.Next()
+		if err == iterator.Done {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Object(o.Name).Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

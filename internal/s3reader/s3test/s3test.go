@@ -116,6 +116,24 @@ func (g *Gateway) CreateBucket(t testing.TB, bucket string) {
 	}
 }
 
+// DeleteBucket deletes a bucket and every object in it.
+func (g *Gateway) DeleteBucket(t testing.TB, bucket string) {
+	t.Helper()
+	ctx := context.Background()
+	list, err := g.Client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: &bucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range list.Contents {
+		if _, err := g.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &bucket, Key: o.Key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := g.Client.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: &bucket}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Put writes (or replaces) an object.
 func (g *Gateway) Put(t testing.TB, bucket, key string, data []byte) {
 	t.Helper()

@@ -18,8 +18,10 @@ import (
 // Harness is an object store under test: a server to put objects into, a proxy in front of it, and
 // stores reading through that proxy.
 type Harness struct {
-	// CreateBucket makes a bucket (a container) on the server; Put writes or replaces an object.
+	// CreateBucket makes a bucket (a container) on the server, DeleteBucket deletes one and what
+	// it holds; Put writes or replaces an object.
 	CreateBucket func(t *testing.T, bucket string)
+	DeleteBucket func(t *testing.T, bucket string)
 	Put          func(t *testing.T, bucket, key string, data []byte)
 	// NewProxy starts a proxy in front of the server.
 	NewProxy func() *Proxy
@@ -206,6 +208,22 @@ func RunMatrix(t *testing.T, h Harness) {
 		err = s.ReadAt(context.Background(), objectKey, "", make([]byte, 8), 0)
 		if !errors.Is(err, store.ErrNoBucket) || errors.Is(err, store.ErrNotFound) {
 			t.Errorf("ReadAt: %v, want ErrNoBucket", err)
+		}
+	})
+
+	t.Run("BucketDeletedBeforeTheRead", func(t *testing.T) {
+		// The catalog saw the object, then the bucket went: a read at the version it saw is the
+		// missing bucket too, not a file that changed or vanished.
+		f := h.fixture(t, timeout, time.Second)
+		info, err := f.store.Stat(context.Background(), objectKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.DeleteBucket(t, f.bucket)
+		err = f.store.ReadAt(context.Background(), objectKey, info.Version, make([]byte, 8), 0)
+		if !errors.Is(err, store.ErrNoBucket) || errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrChanged) ||
+			!strings.Contains(err.Error(), f.bucket) {
+			t.Errorf("ReadAt: %v, want ErrNoBucket naming the bucket", err)
 		}
 	})
 }
