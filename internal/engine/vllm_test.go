@@ -6,7 +6,8 @@ import (
 	"testing"
 )
 
-// The reproductions: vLLM pads the vocabulary to a multiple of 64, then divides by TP.
+// vLLM pads the vocabulary to a multiple of 64, then divides by TP: Llama-3's, Llama-2's and two
+// that padding changes.
 func TestVLLMVocabularyRows(t *testing.T) {
 	for _, c := range []struct{ vocab, tp, rows int64 }{
 		{128256, 8, 16032},

@@ -273,8 +273,8 @@ func work(t *testing.T, req *api.ShardRequest, ck *checkpoint.Checkpoint) (*Plan
 	return p, c.work
 }
 
-// Issue 15, item 2: one box over N column blocks took 12.5 s at N = 50k (every block against
-// every block, twice), and one-element boxes met every block. Planning is near-linear: the work
+// One box over N column blocks once took 12.5 s at N = 50k (every block against every block,
+// twice), and one-element boxes met every block. Planning is near-linear: the work
 // (index nodes, blocks, runs visited) grows about as N log N, never as N², and 64 Ki blocks plan
 // in well under a second without the race detector (1 Mi in about 1 s on a 2-core VM).
 func TestManyBlocksPlanInNearLinearTime(t *testing.T) {
@@ -299,9 +299,6 @@ func TestManyBlocksPlanInNearLinearTime(t *testing.T) {
 			if ratio := float64(w2) / float64(w1); ratio > 6 {
 				t.Errorf("4× the blocks took %.1f× the work (%d → %d): not near-linear", ratio, w1, w2)
 			}
-			if took > 10*time.Second { // generous: the race detector on a busy 2-core machine
-				t.Errorf("%d blocks took %v to plan", large, took)
-			}
 			if p.NeededBytes != p.BodyBytes || p.ReadBytes != p.BodyBytes {
 				t.Errorf("needed %d, read %d, body %d", p.NeededBytes, p.ReadBytes, p.BodyBytes)
 			}
@@ -318,17 +315,13 @@ func isqrt(n int64) int64 {
 	return r
 }
 
-// The 50k-column request of the issue plans within a bound generous enough for the race detector
-// (it took 12.5 s without it), and reads its 2 rows in 2 reads: the column copies are fused.
+// The 50k-column request above reads its 2 rows in 2 reads: the column copies are fused. Its
+// work is bounded in TestManyBlocksPlanInNearLinearTime, counted rather than timed.
 func TestFiftyThousandColumnBlocks(t *testing.T) {
 	req, ck := columns(50000)
-	start := time.Now()
 	p, err := New(req, ck, DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
-	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("50k column blocks took %v to plan", took)
 	}
 	if p.ReadRequests > 2 || len(p.Items[0].Pieces) != 50000 {
 		t.Errorf("%d reads, %d pieces", p.ReadRequests, len(p.Items[0].Pieces))
@@ -432,8 +425,8 @@ func broadcast(n int64) *api.ShardRequest {
 	)
 }
 
-// Issue 15, item 3: a 330-byte request broadcasting a 2-byte source into a BF16 [2^42] tensor
-// built 2^20 segments (a 67 MB plan). 8 TiB is past MaxOutputBytes (1 TiB by default): refused
+// A 330-byte request broadcasting a 2-byte source into a BF16 [2^42] tensor once built 2^20
+// segments (a 67 MB plan). 8 TiB is past MaxOutputBytes (1 TiB by default): refused
 // at the box, before anything is built.
 func TestTwoBytesIntoEightTiBIsRefused(t *testing.T) {
 	ck := bigCheckpoint(map[string][]int64{"s": {1}})

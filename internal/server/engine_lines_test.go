@@ -67,9 +67,9 @@ func vrefLineMoEParallels() [][]vllmref.Parallel {
 	}
 }
 
-// vrefLineParallels is the grid: TP 1, 2, 4, 6, 8 x EP off and on x DP 1 and 2 x every
-// (dp_rank, tp_rank). TPs the heads do not allow are in it too: the server must refuse them as
-// vLLM does.
+// vrefLineParallels is the grid every line is held to: TP 1, 2, 4, 6, 8 x EP off and on x DP 1
+// and 2 x every (dp_rank, tp_rank). TPs the heads do not allow are in it too: the server must
+// refuse them as vLLM does.
 func vrefLineParallels() []vllmref.Parallel {
 	var out []vllmref.Parallel
 	for _, tp := range []int{1, 2, 4, 6, 8} {

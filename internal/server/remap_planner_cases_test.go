@@ -21,7 +21,7 @@ func qk(t *testing.T, h *harness, dtype string, q, k []byte) {
 		safetensors.TensorData{Name: "k", DType: dtype, Shape: []int64{2, 3}, Data: k})
 }
 
-func TestSeedBlocksFillOneTensorFromTwo(t *testing.T) {
+func TestRemapBlocksFillOneTensorFromTwo(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		qk(t, h, "BF16", bf16(arange(0, 12)...), bf16(arange(100, 6)...))
 		blocks := []api.Block{rowsBlock("q", 0, 4, 3, 0), rowsBlock("k", 0, 2, 3, 4)}
@@ -49,7 +49,7 @@ func TestSeedBlocksFillOneTensorFromTwo(t *testing.T) {
 	})
 }
 
-func TestSeedTransposeIsCopiedStraight(t *testing.T) {
+func TestRemapTransposeIsCopiedStraight(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		writeCheckpoint(
 			t,
@@ -82,7 +82,7 @@ func TestSeedTransposeIsCopiedStraight(t *testing.T) {
 	})
 }
 
-func TestSeedGatheredBlockAppliesPostInCheckpointDType(t *testing.T) {
+func TestRemapGatheredBlockAppliesPostInCheckpointDType(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		src := make([]float32, 10)
 		for i := range src {
@@ -124,7 +124,7 @@ func TestSeedGatheredBlockAppliesPostInCheckpointDType(t *testing.T) {
 	})
 }
 
-func TestSeedBlocksAreCutToTheShard(t *testing.T) {
+func TestRemapBlocksAreCutToTheShard(t *testing.T) {
 	opts := planner.DefaultOptions()
 	opts.MaxGap = 0 // read exactly what is needed
 	eachStore(t, opts, func(t *testing.T, h *harness) {
@@ -153,7 +153,7 @@ func TestSeedBlocksAreCutToTheShard(t *testing.T) {
 	})
 }
 
-func TestSeedReadsPastTheEndAndMissingSourcesAreRefused(t *testing.T) {
+func TestRemapReadsPastTheEndAndMissingSourcesAreRefused(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		writeCheckpoint(
 			t,
@@ -194,7 +194,7 @@ func TestSeedReadsPastTheEndAndMissingSourcesAreRefused(t *testing.T) {
 	})
 }
 
-func TestSeedMalformedBlocksAreRefused(t *testing.T) {
+func TestRemapMalformedBlocksAreRefused(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		writeCheckpoint(
 			t,
