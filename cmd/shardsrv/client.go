@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -446,6 +447,10 @@ Examples:
   shardsrv fetch --checkpoint qwen2-moe-tiny --small-files --out /models/qwen2-moe-tiny
 `
 
+// defaultParallel is how many rank files fetch --layout fetches at a time, which --parallel 0 also
+// means.
+const defaultParallel = 4
+
 // fetch: shardsrv fetch --request FILE -o OUT, or --checkpoint NAME --layout ENGINE ... --out DIR.
 func fetch(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("fetch", fetchUsage, stderr)
@@ -462,15 +467,16 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 	smallOnly := fs.Bool("small-files", false, "with --checkpoint and --out, no --layout: write the checkpoint's "+
 		"small files only (config.json, tokenizer and generation config), the model directory a vLLM with the "+
 		"shardsrv plugin loads")
-	parallel := fs.Int("parallel", 4, "with --layout: rank files fetched at a `N`umber at a time")
+	parallel := fs.Int("parallel", defaultParallel, "with --layout: rank files fetched at a `N`umber at a time")
 	var lf layoutFlags
 	lf.register(fs, "layout", "", "with --layout: the TP `RANK` to fetch, a list (0,3,5), or all")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *parallel < 1 {
-		return fmt.Errorf("fetch: --parallel %d: at least 1", *parallel)
+	if *parallel < 0 {
+		return fmt.Errorf("fetch: --parallel %d must not be negative", *parallel)
 	}
+	*parallel = cmp.Or(*parallel, defaultParallel)
 	// SIGINT and SIGTERM (Ctrl-C, a pod's deletion) cancel the fetch, so its temporary files go.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -271,7 +271,7 @@ func TestFetchLayoutWritesAShardedStateDirectory(t *testing.T) {
 		ranks []int64
 		ep    bool
 	}{
-		{[]string{"--tp", "2", "--rank", "all"}, []int64{0, 1}, false},
+		{[]string{"--tp", "2", "--rank", "all", "--parallel", "0"}, []int64{0, 1}, false}, // 0: the default
 		{[]string{"--tp", "2", "--rank", "1", "--ep"}, []int64{1}, true},
 	} {
 		dir := filepath.Join(t.TempDir(), "out") // created by fetch
