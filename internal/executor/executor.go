@@ -92,8 +92,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"most memory (`SIZE`) one response's buffers hold: segments are read ahead of the writer while they fit; "+
 			"segments sent from local files hold 256 KiB at most")
 	fs.BoolVar(&c.NoSendfile, "no-sendfile", false,
-		"copy byte ranges of local files to clients that decline the digest through a 256 KiB buffer instead "+
-			"of sending them by sendfile (to a client on this host or one over a veth pair, copying can be faster)")
+		"copy byte ranges of local files to every client that declines the digest through a 256 KiB buffer "+
+			"instead of sending them by sendfile (a client on this host is always copied to; to one over a veth "+
+			"pair copying can be faster too)")
 	fs.IntVar(&c.Window, "window", DefaultWindow,
 		"most segments of one response read ahead of the writer (--stream-bytes bounds their memory)")
 }
