@@ -132,7 +132,7 @@ func executorKernels(r *report, copyTime time.Duration, copied int64) {
 		plan, err := planner.New(&req, ck, planner.DefaultOptions())
 		must(err)
 		return timed(func() {
-			stream, err := ex.Stream(context.Background(), plan, false)
+			stream, err := ex.Stream(context.Background(), plan, executor.Output{})
 			must(err)
 			_, err = stream.WriteTo(io.Discard)
 			stream.Close()

@@ -1,15 +1,18 @@
 // Package executor runs plans: it produces a plan's body in order, a bounded window of segments at
-// a time, and writes the finished segments to the caller's writer in body order.
+// a time, and writes the finished segments to the caller's writer in body order — hashing the
+// body on a goroutine of its own, a little behind the writer, when asked to.
 //
 // A segment the plan reads straight from files (direct runs tiling it, no fill, no conversion) is
 // not copied into a buffer of its own when the store can write it out itself (store.Sectioner):
-// a local file goes to the socket by sendfile (or, under a writer that hashes the body, through
-// one small buffer), cached chunks are written from the cache. Every other segment — gathered,
-// converted, or direct from an object store, whose parallel ranged reads need buffers to land
-// in — is read into pooled buffers and written from them.
+// a local file goes to the socket by sendfile (or, when the body is hashed or the writer cannot
+// take files, through a small buffer, two for a hashed body), cached chunks are written from the
+// cache. Every other segment — gathered, converted, or direct from an object store, whose
+// parallel ranged reads need buffers to land in — is read into pooled buffers and written from
+// them.
 //
 // Memory is charged for what a segment really holds: its buffers, the cached chunks its sections
-// reference, or for a file section the 256 KiB it may be copied through. A buffered segment is
+// reference, or for a file section the 256 KiB it may be copied through (a hashing stream one more
+// such buffer while it runs, so the hasher may lag one behind). A buffered segment is
 // charged the most it may take (its output and its read buffers) while it is produced, then its
 // output until it is written. Each stream holds at most StreamBytes; all streams together hold
 // what the process's memory budget (internal/budget) lets them, beside the bodies and plans it
@@ -22,6 +25,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash"
 	"io"
 	"math/bits"
 	"slices"
@@ -162,14 +166,21 @@ type Stream struct {
 	// sendfile is whether the writer takes file sections by ReadFrom (a socket's sendfile);
 	// otherwise they are copied.
 	sendfile bool
+	hash     *hasher // nil unless the body is hashed
 	// sent is the last section sent of each file by sendfile, kept open: its Close confirms the
 	// file's version once the socket can no longer read the file's pages.
 	sent map[string]store.Section
 }
 
 // copyBytes is the buffer a file section is copied through when it does not go by sendfile:
-// reads of this size cost little beside writing them.
-const copyBytes = 256 << 10
+// reads of this size cost little beside writing them. A stream that hashes its body holds up to
+// copyChunks of them, so the hasher can hash one while the writer reads and writes the next: the
+// segment being copied is charged one, the stream the others, from its admission until its
+// hashing ends.
+const (
+	copyBytes  = 256 << 10
+	copyChunks = 2
+)
 
 // charge is memory a segment holds against the whole budget and against its stream's share, each
 // capped at its bound: a segment bigger than either runs alone.
@@ -201,12 +212,23 @@ type part struct {
 	key string // the file and version of a section
 }
 
+// Output is what a stream's body goes to.
+type Output struct {
+	// Sendfile says the writer WriteTo will get takes files by ReadFrom (a socket's sendfile): file
+	// sections then hold no memory; otherwise they are copied through a buffer they are charged
+	// for. A stream that hashes its body copies them.
+	Sendfile bool
+	// Hash, when set, is fed the whole body in order (Stream.Sum), on a goroutine of its own a
+	// little behind the writer: a piece of the body is handed to it as it is written, and its
+	// memory given back once it is hashed, so the writer waits for the hash only when the hasher
+	// is slower than the socket (and then for the memory), and no byte is copied for it.
+	Hash hash.Hash
+}
+
 // Stream starts producing a plan's body: the first window of segments begins reading at once.
 // It returns budget.ErrBusy when the memory budget cannot take the first segment within its
-// AdmitWait; later segments wait for memory (backpressure). sendfile says the writer WriteTo will
-// get takes files by ReadFrom (a socket, with nothing to see the bytes on their way): file
-// sections then hold no memory; otherwise they are copied through a buffer they are charged for.
-func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (*Stream, error) {
+// AdmitWait; later segments wait for memory (backpressure).
+func (e *Executor) Stream(ctx context.Context, p *planner.Plan, to Output) (*Stream, error) {
 	var segs []*planner.Segment
 	var rects []*rectangle // the rectangle each segment reads, if its item shares one
 	for i := range p.Items {
@@ -233,8 +255,11 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (
 		slots:    make(chan struct{}, e.window),
 		own:      semaphore.NewWeighted(e.streamBytes),
 		body:     p.BodyBytes,
-		sendfile: sendfile && e.sendfile,
+		sendfile: to.Sendfile && to.Hash == nil && e.sendfile,
 		sent:     map[string]store.Section{},
+	}
+	if to.Hash != nil {
+		s.hash = newHasher(to.Hash)
 	}
 	var first job
 	if len(segs) > 0 {
@@ -243,10 +268,21 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, sendfile bool) (
 		if rects[0] != nil {
 			held = rects[0].bytes
 		}
-		if err := e.memory.Admit(ctx, first.charge.all+held); err != nil {
+		var lag int64 // a budget too small for it leaves the hasher no lag
+		if s.hash != nil && first.charge.all+held+(copyChunks-1)*copyBytes <= e.memory.Bytes() {
+			lag = (copyChunks - 1) * copyBytes
+		}
+		if err := e.memory.Admit(ctx, first.charge.all+held+lag); err != nil {
 			return nil, err
 		}
 		s.own.TryAcquire(first.charge.own) // a new stream holds nothing yet
+		if s.hash != nil {
+			s.hash.lag = lag
+			s.hash.chunks = make(chan struct{}, 1+lag/copyBytes)
+		}
+	}
+	if s.hash != nil {
+		go s.hash.run(e.memory)
 	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	for i := range s.results {
@@ -397,18 +433,28 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 				break
 			}
 		}
-		s.free(r)
+		s.written(r)
 		if err != nil {
 			return out.n, err
 		}
-		<-s.slots
 	}
 	return out.n, nil
 }
 
-// body is the stream's writer of the body to w: it counts the bytes, copies file sections
-// through a buffer, and writes the body's last byte only once the files sent by
-// sendfile have confirmed their versions.
+// written gives back what a segment holds, and its window slot, once it is written — and hashed,
+// when the stream hashes its body.
+func (s *Stream) written(r result) {
+	s.hash.add(nil, func() {
+		s.free(r)
+		<-s.slots
+	})
+}
+
+// body is the stream's writer of the body to w: it counts the bytes, hands them to the hasher,
+// copies file sections through a buffer, and writes the body's last byte only once the files sent
+// by sendfile have confirmed their versions. Unlike an io.Writer's, its callers keep p unchanged
+// until the hasher has passed what they add after it (the segment's buffers, sections and copy
+// buffers are given back through the hasher).
 type body struct {
 	s *Stream
 	w io.Writer
@@ -416,6 +462,9 @@ type body struct {
 }
 
 func (b *body) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		b.s.hash.add(p, nil)
+	}
 	if b.n+int64(len(p)) != b.s.body || len(b.s.sent) == 0 || len(p) == 0 {
 		k, err := b.w.Write(p)
 		b.n += int64(k)
@@ -433,20 +482,23 @@ func (b *body) Write(p []byte) (int, error) {
 	return k + m, err
 }
 
-// ReadFrom copies a file section through a buffer its segment was charged for: one copy, and none
-// of the file's pages left in the socket.
+// ReadFrom copies a file section through buffers its segment was charged for: one copy, and none
+// of the file's pages left in the socket. A buffer is reused once it is written (and hashed).
 func (b *body) ReadFrom(r io.Reader) (int64, error) {
-	pooled := getBuf(copyBytes)
-	defer putBuf(pooled)
-	buf := (*pooled)[:copyBytes]
 	var n int64
 	for {
+		pooled := b.s.hash.chunk()
+		buf := (*pooled)[:copyBytes]
 		m, err := io.ReadFull(r, buf)
 		if m > 0 {
-			if _, err := b.Write(buf[:m]); err != nil {
-				return n, err
+			_, werr := b.Write(buf[:m])
+			b.s.hash.add(nil, func() { b.s.hash.unchunk(pooled) })
+			if werr != nil {
+				return n, werr
 			}
 			n += int64(m)
+		} else {
+			b.s.hash.unchunk(pooled)
 		}
 		switch err {
 		case nil:
@@ -502,10 +554,20 @@ func (s *Stream) Prime() error {
 	}
 }
 
+// Sum waits until the body WriteTo wrote is hashed, and returns its hash (Output.Hash); nil for a
+// stream that does not hash its body.
+func (s *Stream) Sum() []byte {
+	if s.hash == nil {
+		return nil
+	}
+	return s.hash.sum()
+}
+
 // Close stops the stream and releases its buffers.
 func (s *Stream) Close() {
 	s.confirm()
 	s.cancel()
+	s.hash.abandon()
 	go func() { // drain what is still in flight without holding up the caller
 		for _, ch := range s.results[s.next:] {
 			s.free(<-ch)
@@ -697,3 +759,90 @@ func getBuf(n int64) *[]byte {
 }
 
 func putBuf(b *[]byte) { pools[sizeClass(int64(cap(*b)))].Put(b) }
+
+// hasher feeds a stream's body to a hash in order, on a goroutine of its own. The writer hands it
+// each piece before writing it, then what gives the piece's memory back, which runs once every
+// piece before it is hashed. Its methods on a nil hasher (a stream that does not hash) pass the
+// bytes by: add runs then at once, chunk and unchunk are the pool's.
+type hasher struct {
+	h      hash.Hash
+	todo   chan piece
+	done   chan struct{}
+	chunks chan struct{} // a token per copy buffer held: one, or copyChunks with the lag charged
+	lag    int64         // the memory charged for the copy buffers beyond the first
+	skip   atomic.Bool   // the body will not be whole: give back, do not hash
+	closed bool
+}
+
+type piece struct {
+	b    []byte
+	then func()
+}
+
+// newHasher returns a hasher into h, to run once its stream is admitted (and charged its lag).
+func newHasher(h hash.Hash) *hasher {
+	return &hasher{h: h, todo: make(chan piece, 16), done: make(chan struct{}), chunks: make(chan struct{}, 1)}
+}
+
+// run hashes until the stream ends, then gives back the lag's memory to mem.
+func (hs *hasher) run(mem *budget.Budget) {
+	defer close(hs.done)
+	defer mem.Release(hs.lag)
+	for p := range hs.todo {
+		if len(p.b) > 0 && !hs.skip.Load() {
+			hs.h.Write(p.b)
+		}
+		if p.then != nil {
+			p.then()
+		}
+	}
+}
+
+// add hands b to the hasher, to be hashed after everything added before it, and then to run after
+// that.
+func (hs *hasher) add(b []byte, then func()) {
+	if hs == nil {
+		if then != nil {
+			then()
+		}
+		return
+	}
+	hs.todo <- piece{b, then}
+}
+
+// chunk is a copy buffer, once the hasher has given back enough of those before it.
+func (hs *hasher) chunk() *[]byte {
+	if hs != nil {
+		hs.chunks <- struct{}{}
+	}
+	return getBuf(copyBytes)
+}
+
+func (hs *hasher) unchunk(b *[]byte) {
+	putBuf(b)
+	if hs != nil {
+		<-hs.chunks
+	}
+}
+
+// sum waits for the hashing to end and returns the hash.
+func (hs *hasher) sum() []byte {
+	hs.finish()
+	return hs.h.Sum(nil)
+}
+
+// abandon ends the hashing without hashing what is left; what it holds is given back.
+func (hs *hasher) abandon() {
+	if hs != nil {
+		hs.skip.Store(true)
+		hs.finish()
+	}
+}
+
+func (hs *hasher) finish() {
+	if !hs.closed {
+		hs.closed = true
+		close(hs.todo)
+	}
+	<-hs.done
+}

@@ -3,6 +3,7 @@ package executor_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -445,11 +446,13 @@ func propertyCase(t *testing.T, seed uint64) {
 		from = struct{ store.Store }{st} // every segment through buffers
 	}
 	mem := budget.New(budget.Config{Bytes: 1 + r.Int64N(4096), AdmitWait: time.Second})
+	// File sections sent, copied, or copied and hashed with the rest of the body.
+	to := []executor.Output{{Sendfile: true}, {}, {Hash: sha256.New()}}[r.IntN(3)]
 	stream, err := executor.New(from, mem, executor.Config{
 		Window:      1 + r.IntN(4),
 		StreamBytes: 1 + r.Int64N(4096),
 		SocketBytes: 1 + r.Int64N(64),
-	}).Stream(context.Background(), plan, r.IntN(2) == 0) // file sections sent, or copied
+	}).Stream(context.Background(), plan, to)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -461,6 +464,9 @@ func propertyCase(t *testing.T, seed uint64) {
 	body := out.Bytes()
 	if int64(len(body)) != plan.BodyBytes {
 		t.Fatalf("body is %d bytes, Content-Length says %d", len(body), plan.BodyBytes)
+	}
+	if want := sha256.Sum256(body); to.Hash != nil && !bytes.Equal(stream.Sum(), want[:]) {
+		t.Fatalf("the stream's hash is not the SHA-256 of its body")
 	}
 	var fillBytes []byte
 	if fill != nil {

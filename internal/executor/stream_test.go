@@ -3,6 +3,7 @@ package executor_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"io"
 	"os"
 	"path/filepath"
@@ -72,24 +73,24 @@ func stalled(t *testing.T, name string, mem *budget.Budget, most int64) {
 
 // A stream whose writer stalls reads ahead only while its segments fit StreamBytes; sent from the
 // file, a segment holds no buffer of its own: none by sendfile, the 256 KiB it is copied through
-// otherwise.
+// otherwise, and a hashing stream one more, which its hasher may lag behind the writer by.
 func TestStreamHoldsAtMostStreamBytes(t *testing.T) {
 	local, plan, data := copyPlan(t, 1<<20)
 	for _, c := range []struct {
 		name  string
 		store store.Store
 		most  int64
-
-		sendfile bool
+		to    executor.Output
 	}{
-		{"buffered", struct{ store.Store }{local}, 2 << 20, false}, // two of the window's four 1 MiB segments
-		{"file sections, copied", local, 4 * 256 << 10, false},
-		{"file sections by sendfile", local, 0, true}, // the window does not reach the copied end yet
+		{"buffered", struct{ store.Store }{local}, 2 << 20, executor.Output{}}, // two of the window's four 1 MiB segments
+		{"file sections, copied", local, 4 * 256 << 10, executor.Output{}},
+		{"file sections, copied and hashed", local, (4 + 1) * 256 << 10, executor.Output{Hash: sha256.New()}}, // and the lag
+		{"file sections by sendfile", local, 0, executor.Output{Sendfile: true}},                              // the window does not reach the copied end yet
 	} {
 		mem := budget.New(budget.Config{Bytes: 1 << 30})
 		e := executor.New(c.store, mem,
 			executor.Config{Window: 4, StreamBytes: 2 << 20, SocketBytes: 512 << 10})
-		stream, err := e.Stream(context.Background(), plan, c.sendfile)
+		stream, err := e.Stream(context.Background(), plan, c.to)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,8 +100,12 @@ func TestStreamHoldsAtMostStreamBytes(t *testing.T) {
 		if err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], data) {
 			t.Errorf("%s: %v, or other bytes than the file's", c.name, err)
 		}
+		if want := sha256.Sum256(body.Bytes()); c.to.Hash != nil && !bytes.Equal(stream.Sum(), want[:]) {
+			t.Errorf("%s: the stream's hash is not the SHA-256 of its body", c.name)
+		}
 		stream.Close()
-		// WriteTo gave back each segment as it wrote it, and Close has nothing left to drain.
+		// WriteTo (or the hasher after it) gave back each segment once it was written, and Close
+		// has nothing left to drain.
 		if held := mem.Held(); held != 0 {
 			t.Errorf("%s: %d bytes held after the stream closed", c.name, held)
 		}
@@ -152,7 +157,7 @@ func TestReadsAreThePlans(t *testing.T) {
 			t.Fatal(err)
 		}
 		counted := &countingStore{Store: local} // not a Sectioner: every segment is read
-		stream, err := executor.New(counted, budget.New(budget.Config{Bytes: 1 << 30}), executor.Config{}).Stream(context.Background(), plan, false)
+		stream, err := executor.New(counted, budget.New(budget.Config{Bytes: 1 << 30}), executor.Config{}).Stream(context.Background(), plan, executor.Output{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +228,7 @@ func TestDirectPermutationsReadTheirExtentInFewRequests(t *testing.T) {
 			counted := &countingStore{Store: local}
 			// A budget smaller than the rectangle: its segments must not wait on the budget it holds.
 			stream, err := executor.New(counted, budget.New(budget.Config{Bytes: segBytes << 2}),
-				executor.Config{}).Stream(context.Background(), plan, false)
+				executor.Config{}).Stream(context.Background(), plan, executor.Output{})
 			if err != nil {
 				t.Fatal(err)
 			}

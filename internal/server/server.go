@@ -6,6 +6,7 @@ package server
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -410,7 +411,11 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	s.metrics.streams.Add(ctx, 1)
 	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
 	digest := sendsDigest(r)
-	stream, err := s.cfg.Executor.Stream(ctx, plan, !digest && !onThisHost(r))
+	to := executor.Output{Sendfile: !onThisHost(r)}
+	if digest {
+		to.Hash = sha256.New()
+	}
+	stream, err := s.cfg.Executor.Stream(ctx, plan, to)
 	if err != nil {
 		writeProblem(w, r, toProblem(err))
 		return
@@ -440,14 +445,7 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	}
 	sock := &socket{w: w, rc: http.NewResponseController(w), timeout: s.cfg.Limits.WriteTimeout, commit: commit}
-	var body io.Writer = sock
-	var dg *digester
-	if digest {
-		dg = newDigester(body)
-		defer dg.close()
-		body = dg
-	}
-	if _, err := stream.WriteTo(body); err != nil {
+	if _, err := stream.WriteTo(sock); err != nil {
 		res.ReadFailed(err)
 		if sock.commit != nil {
 			writeProblem(w, r, toProblem(err))
@@ -463,7 +461,7 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	}
 	sock.begin() // an empty body wrote nothing
 	if digest {
-		w.Header().Set("Repr-Digest", dg.value())
+		w.Header().Set("Repr-Digest", reprDigest(stream.Sum()))
 	}
 	s.metrics.streamed(ctx, plan, time.Since(start))
 }
