@@ -91,6 +91,7 @@ func (e DeferredOp) Valid() bool {
 // Defines values for EngineLayoutEngine.
 const (
 	Megatron EngineLayoutEngine = "megatron"
+	Sglang   EngineLayoutEngine = "sglang"
 	Vllm     EngineLayoutEngine = "vllm"
 )
 
@@ -98,6 +99,8 @@ const (
 func (e EngineLayoutEngine) Valid() bool {
 	switch e {
 	case Megatron:
+		return true
+	case Sglang:
 		return true
 	case Vllm:
 		return true
@@ -260,14 +263,22 @@ type DeferredParams struct {
 // EngineLayout A rank of an inference engine. The server reads the checkpoint's config.json and serves
 // exactly the parameters the engine holds on that rank, named as the engine names them, each
 // one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
-// saves for the rank, under the rules of the release line engine_version names
-// (docs/engines.md lists the releases and the architectures of each).
+// saves for the rank, under the rules of the release line engine_version names; for
+// "sglang", what SGLang's ShardedStateLoader saves (docs/engines.md lists the releases and
+// the architectures of each). An engine takes its own options only: a field another engine
+// reads, set to other than its default, is a 422 at it.
 type EngineLayout struct {
 	DataParallelSize *int64 `json:"data_parallel_size,omitempty"`
 	DpRank           *int64 `json:"dp_rank,omitempty"`
 
 	// Dtype The dtype the engine runs in (BF16, F16 or F32); default the checkpoint's torch_dtype. Quantized weights keep theirs.
 	Dtype *DType `json:"dtype,omitempty"`
+
+	// EnableDpAttention SGLang's --enable-dp-attention: with data_parallel_size > 1 the models that support it
+	// (Qwen3, Qwen3-MoE) split their attention over tensor_parallel_size / data_parallel_size
+	// ranks and hold the embedding whole; tensor_parallel_size must divide by
+	// data_parallel_size. SGLang only; the rank is still tp_rank.
+	EnableDpAttention *bool `json:"enable_dp_attention,omitempty"`
 
 	// EnableEplb vLLM's --enable-eplb. Needs enable_expert_parallel, more than one rank, and a model vLLM
 	// balances. The table is the placement vLLM starts from; EPLB moves experts between slots
@@ -282,6 +293,12 @@ type EngineLayout struct {
 	// default the newest line the server lays out. A version the server does not know is a
 	// 422 listing the known ones. Megatron layouts are not versioned.
 	EngineVersion *string `json:"engine_version,omitempty"`
+
+	// ExpertParallelSize SGLang's --ep-size: MoE layers spread their experts over groups of this many ranks within
+	// the TP group, each expert split over tensor_parallel_size / expert_parallel_size ranks.
+	// Must divide tensor_parallel_size and the experts. SGLang only (vLLM's is
+	// enable_expert_parallel).
+	ExpertParallelSize *int64 `json:"expert_parallel_size,omitempty"`
 
 	// ExpertPlacementStrategy vLLM's --expert-placement-strategy: "linear" gives each EP rank a contiguous run of
 	// experts, "round_robin" deals them out (rank r holds r, r + n, ...), as vLLM applies it
@@ -352,8 +369,10 @@ type LayoutRequest struct {
 	// Layout A rank of an inference engine. The server reads the checkpoint's config.json and serves
 	// exactly the parameters the engine holds on that rank, named as the engine names them, each
 	// one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
-	// saves for the rank, under the rules of the release line engine_version names
-	// (docs/engines.md lists the releases and the architectures of each).
+	// saves for the rank, under the rules of the release line engine_version names; for
+	// "sglang", what SGLang's ShardedStateLoader saves (docs/engines.md lists the releases and
+	// the architectures of each). An engine takes its own options only: a field another engine
+	// reads, set to other than its default, is a 422 at it.
 	Layout EngineLayout `json:"layout"`
 }
 
@@ -485,8 +504,10 @@ type ShardRequest struct {
 	// Layout A rank of an inference engine. The server reads the checkpoint's config.json and serves
 	// exactly the parameters the engine holds on that rank, named as the engine names them, each
 	// one tensor of the rank's parameter shape: for "vllm", what vLLM's ShardedStateLoader
-	// saves for the rank, under the rules of the release line engine_version names
-	// (docs/engines.md lists the releases and the architectures of each).
+	// saves for the rank, under the rules of the release line engine_version names; for
+	// "sglang", what SGLang's ShardedStateLoader saves (docs/engines.md lists the releases and
+	// the architectures of each). An engine takes its own options only: a field another engine
+	// reads, set to other than its default, is a 422 at it.
 	Layout  *EngineLayout   `json:"layout,omitempty"`
 	Tensors []TensorRequest `json:"tensors,omitempty"`
 }

@@ -46,6 +46,8 @@ func (p Parallel) check() error {
 		return &Error{"/layout/data_parallel_size", fmt.Sprintf("must be in [1, %d], got %d", MaxRanks, p.DP)}
 	case p.DPRank < 0 || p.DPRank >= p.DP:
 		return &Error{"/layout/dp_rank", fmt.Sprintf("rank %d is not in [0, %d)", p.DPRank, p.DP)}
+	case p.EP < 1 || p.EP > MaxRanks:
+		return &Error{"/layout/expert_parallel_size", fmt.Sprintf("must be in [1, %d], got %d", MaxRanks, p.EP)}
 	}
 	world, ok := tensor.CheckedMul(p.TP, p.PCP)
 	if ok {

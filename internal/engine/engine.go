@@ -14,6 +14,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -37,6 +38,58 @@ type Parallel struct {
 	RedundantExperts int64
 	// Placement is expert_placement_strategy: "linear" (empty means it) or "round_robin".
 	Placement string
+	// DPAttention is SGLang's --enable-dp-attention: with DP > 1 the attention of the models that
+	// support it splits over TP / DP ranks, the data-parallel groups sharing one TP group.
+	DPAttention bool
+	// EP is SGLang's --ep-size: the MoE layers' expert-parallel size within the TP group. Zero
+	// means 1.
+	EP int64
+}
+
+// An option is a layout field beyond tensor_parallel_size and tp_rank; set reports whether a
+// request gives it other than its default. Each engine takes the options its engine has (takes),
+// and a request that sets another is refused rather than silently ignored.
+type option struct {
+	field string
+	set   func(Parallel) bool
+}
+
+var (
+	dataParallel         = option{"data_parallel_size", func(p Parallel) bool { return p.DP > 1 }}
+	dataParallelRank     = option{"dp_rank", func(p Parallel) bool { return p.DPRank > 0 }}
+	enableExpertParallel = option{"enable_expert_parallel", func(p Parallel) bool { return p.ExpertParallel }}
+	prefillContext       = option{"prefill_context_parallel_size", func(p Parallel) bool { return p.PCP > 1 }}
+	prefillContextRank   = option{"pcp_rank", func(p Parallel) bool { return p.PCPRank > 0 }}
+	enableEPLB           = option{"enable_eplb", func(p Parallel) bool { return p.EPLB }}
+	redundantExperts     = option{"num_redundant_experts", func(p Parallel) bool { return p.RedundantExperts > 0 }}
+	expertPlacement      = option{"expert_placement_strategy", func(p Parallel) bool { return p.Placement == "round_robin" }}
+	enableDPAttention    = option{"enable_dp_attention", func(p Parallel) bool { return p.DPAttention }}
+	expertParallelSize   = option{"expert_parallel_size", func(p Parallel) bool { return p.EP > 1 }}
+	allOptions           = []option{dataParallel, dataParallelRank, enableExpertParallel, prefillContext,
+		prefillContextRank, enableEPLB, redundantExperts, expertPlacement, enableDPAttention, expertParallelSize}
+	engineOptions = map[string][]option{}
+)
+
+// takes declares the options an engine's layouts read.
+func takes(engine string, opts ...option) {
+	engineOptions[engine] = append(engineOptions[engine], opts...)
+}
+
+// checkOptions refuses an option the engine does not have.
+func checkOptions(engine string, p Parallel) error {
+	taken := engineOptions[engine]
+	for _, o := range allOptions {
+		if !o.set(p) || slices.ContainsFunc(taken, func(t option) bool { return t.field == o.field }) {
+			continue
+		}
+		fields := make([]string, len(taken))
+		for i, t := range taken {
+			fields[i] = t.field
+		}
+		return &Error{"/layout/" + o.field, fmt.Sprintf("%s layouts do not take %s; they take %s",
+			engine, o.field, strings.Join(append([]string{"tensor_parallel_size", "tp_rank"}, fields...), ", "))}
+	}
+	return nil
 }
 
 // Spec is a layout request.
@@ -80,6 +133,19 @@ type architecture func(m *model) error
 
 var engines = map[string]map[string]architecture{}
 
+// declined are architectures an engine runs that are deliberately not laid out here, each with
+// the reason, which a request for one is told.
+var declined = map[string]map[string]string{}
+
+func decline(engine, why string, archs ...string) {
+	if declined[engine] == nil {
+		declined[engine] = map[string]string{}
+	}
+	for _, a := range archs {
+		declined[engine][a] = why
+	}
+}
+
 func register(engine string, build architecture, archs ...string) {
 	if engines[engine] == nil {
 		engines[engine] = map[string]architecture{}
@@ -120,7 +186,13 @@ func Build(spec Spec, config []byte, tensors map[string]TensorInfo) (*Table, err
 	if spec.PCP == 0 {
 		spec.PCP = 1
 	}
+	if spec.EP == 0 {
+		spec.EP = 1
+	}
 	if err := spec.Parallel.check(); err != nil {
+		return nil, err
+	}
+	if err := checkOptions(spec.Engine, spec.Parallel); err != nil {
 		return nil, err
 	}
 	cfg, err := parseConfig(config)
@@ -129,6 +201,9 @@ func Build(spec Spec, config []byte, tensors map[string]TensorInfo) (*Table, err
 	}
 	arch := cfg.architecture()
 	build, ok := archs[arch]
+	if why, no := declined[spec.Engine][arch]; no {
+		return nil, &Error{"/layout/engine", fmt.Sprintf("%s on %s is not laid out here: %s", arch, spec.Engine, why)}
+	}
 	if !ok {
 		return nil, &Error{
 			"/layout/engine",
@@ -144,6 +219,7 @@ func Build(spec Spec, config []byte, tensors map[string]TensorInfo) (*Table, err
 		return nil, err
 	}
 	m := &model{cfg: cfg, tensors: tensors, par: spec.Parallel, rel: rel}
+	m.attention, m.embedding = m.tp(), m.tp()
 	if m.dtype, err = cfg.dtype(spec.DType); err != nil {
 		return nil, err
 	}

@@ -51,7 +51,7 @@ func gptOss(m *model) error {
 	if err != nil {
 		return err
 	}
-	if err := m.vocabParallel("model.embedding.weight", "model.embed_tokens.weight"); err != nil {
+	if err := m.vocabParallel(m.tp(), "model.embedding.weight", "model.embed_tokens.weight"); err != nil {
 		return err
 	}
 	for i := range layers {
@@ -64,7 +64,7 @@ func gptOss(m *model) error {
 		}
 		sinks := m.param(at+"sinks", m.dtype, perRank)
 		sinks.place(src+"sinks", []int64{0}, []int64{m.par.TPRank * perRank}, []int64{perRank})
-		if err := m.qkv(at, src, heads, kvHeads, headDim); err != nil {
+		if err := m.qkv(m.tp(), at, src, heads, kvHeads, headDim); err != nil {
 			return err
 		}
 		if err := m.rowLinear(at+"o_proj", src+"o_proj"); err != nil {
@@ -89,7 +89,7 @@ func gptOss(m *model) error {
 	if err := m.norm("model.norm.weight"); err != nil {
 		return err
 	}
-	return m.vocabParallel("lm_head.weight", "lm_head.weight")
+	return m.vocabParallel(m.tp(), "lm_head.weight", "lm_head.weight")
 }
 
 // mxfp4Experts lays out the MXFP4 experts as GptOssModel._load_weights_mxfp4 narrows them into

@@ -10,6 +10,8 @@ import (
 // when it has them: Qwen2), self_attn.o_proj (row-parallel), Qwen3's per-head q_norm and k_norm
 // (replicated), mlp.gate_up_proj and mlp.down_proj, and the two layer norms.
 func init() {
+	takes("vllm", dataParallel, dataParallelRank, enableExpertParallel, prefillContext, prefillContextRank,
+		enableEPLB, redundantExperts, expertPlacement)
 	register("vllm", llama, "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 }
 
@@ -63,10 +65,10 @@ func (m *model) decoder(mlp func(i int64, pre string) error) error {
 			if arch := m.cfg.architecture(); strings.HasPrefix(arch, "Qwen2") && !m.has(at+"q_proj.bias") {
 				return checkpointError("%s holds q/k/v biases but the checkpoint has no %sq_proj.bias", arch, at)
 			}
-			if err := m.qkv(at, at, heads, kvHeads, headDim); err != nil {
+			if err := m.qkv(m.attention, at, at, heads, kvHeads, headDim); err != nil {
 				return err
 			}
-			if err := m.rowLinear(at+"o_proj", at+"o_proj"); err != nil {
+			if err := m.rowLinearOver(m.attention, at+"o_proj", at+"o_proj"); err != nil {
 				return err
 			}
 			if err := m.attentionScales(at+"attn.", at); err != nil {

@@ -13,7 +13,11 @@ import "fmt"
 //   - self_attention.linear_proj and mlp.linear_fc2 row-parallel; mlp.linear_fc1 the rank's
 //     [gate_r; up_r], with the post-attention norm as its layer_norm_weight;
 //   - decoder.final_layernorm replicated.
-func init() { register("megatron", megatronGPT, "LlamaForCausalLM") }
+func init() {
+	// Megatron's data and expert parallelism do not change what a dense Llama rank holds.
+	takes("megatron", dataParallel, dataParallelRank, enableExpertParallel)
+	register("megatron", megatronGPT, "LlamaForCausalLM")
+}
 
 // megatronVocabMultiple is Megatron-LM's default --make-vocab-size-divisible-by.
 const megatronVocabMultiple = 128
@@ -88,5 +92,5 @@ func (m *model) megatronVocab(name, src string) error {
 		return err
 	}
 	unit := megatronVocabMultiple * m.par.TP
-	return m.vocabRows(name, src, ceilDiv(sh[0], unit)*unit)
+	return m.vocabRows(m.tp(), name, src, ceilDiv(sh[0], unit)*unit)
 }

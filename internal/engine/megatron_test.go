@@ -128,7 +128,16 @@ func TestLayoutErrorsPoint(t *testing.T) {
 		spec    Spec
 		pointer string
 	}{
-		{Spec{Engine: "sglang", Parallel: Parallel{TP: 1, DP: 1}}, "/layout/engine"},
+		{Spec{Engine: "tensorrt", Parallel: Parallel{TP: 1, DP: 1}}, "/layout/engine"},
+		// An engine refuses the options only another engine has, before it reads the model.
+		{Spec{Engine: "vllm", Parallel: Parallel{TP: 2, DP: 2, DPAttention: true}}, "/layout/enable_dp_attention"},
+		{Spec{Engine: "vllm", Parallel: Parallel{TP: 2, DP: 1, EP: 2}}, "/layout/expert_parallel_size"},
+		{Spec{Engine: "megatron", Parallel: Parallel{TP: 2, DP: 1, EP: 2}}, "/layout/expert_parallel_size"},
+		{Spec{Engine: "sglang", Parallel: Parallel{TP: 2, DP: 1, ExpertParallel: true}}, "/layout/enable_expert_parallel"},
+		{Spec{Engine: "sglang", Parallel: Parallel{TP: 1, DP: 2, DPRank: 1}}, "/layout/dp_rank"},
+		{Spec{Engine: "sglang", Parallel: Parallel{TP: 1, DP: 1, PCP: 2}}, "/layout/prefill_context_parallel_size"},
+		{Spec{Engine: "sglang", Parallel: Parallel{TP: 1, DP: 1, EP: -1}}, "/layout/expert_parallel_size"},
+		{Spec{Engine: "sglang", Parallel: Parallel{TP: 1, DP: 1}}, "/layout/engine"}, // nor for SGLang
 		{Spec{Engine: "vllm", Parallel: Parallel{TP: 2, TPRank: 2, DP: 1}}, "/layout/tp_rank"},
 		{Spec{Engine: "vllm", Parallel: Parallel{TP: 0, DP: 1}}, "/layout/tensor_parallel_size"},
 		{Spec{Engine: "vllm", Parallel: Parallel{TP: 1, DP: 2, DPRank: -1}}, "/layout/dp_rank"},

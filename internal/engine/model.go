@@ -20,8 +20,18 @@ type model struct {
 	// mxfp4 is a checkpoint whose experts are MXFP4 (quant_method "mxfp4"), which only the
 	// architectures in mxfp4Experts lay out.
 	mxfp4 bool
-	out   []api.TensorRequest
+	// attention is the group the attention's projections split over and embedding the
+	// embedding's: the TP group, except where an engine's option narrows them (SGLang's DP
+	// attention).
+	attention, embedding tpGroup
+	out                  []api.TensorRequest
 }
+
+// tpGroup is a tensor-parallel group a layer splits over: its size and this rank's place in it.
+type tpGroup struct{ size, rank int64 }
+
+// tp is the rank's whole tensor-parallel group.
+func (m *model) tp() tpGroup { return tpGroup{m.par.TP, m.par.TPRank} }
 
 func (m *model) readQuantization() error {
 	q, _ := m.cfg["quantization_config"].(map[string]any)
@@ -130,18 +140,18 @@ func (m *model) norm(names ...string) error {
 // vocabParallel lays out VocabParallelEmbedding / ParallelLMHead (vllm/model_executor/layers/
 // vocab_parallel_embedding.py): the vocabulary is padded to a multiple of 64 (pad_vocab_size,
 // DEFAULT_VOCAB_PADDING_SIZE), or of lcm(64, TP) on lines that pad so (vocabPaddingLCM), and then
-// divided by TP; rank r holds padded rows [r*per, (r+1)*per) and the rows past the real
+// divided over g; rank r holds padded rows [r*per, (r+1)*per) and the rows past the real
 // vocabulary are zeros (weight_loader fills them).
-func (m *model) vocabParallel(name, src string) error {
+func (m *model) vocabParallel(g tpGroup, name, src string) error {
 	sh, err := m.shape(src, 2)
 	if err != nil {
 		return err
 	}
 	unit := int64(64)
 	if m.rel.vocabPaddingLCM {
-		unit = lcm(unit, m.par.TP) // TP <= 2^16, so the unit is under 2^22
+		unit = lcm(unit, g.size) // TP <= 2^16, so the unit is under 2^22
 	}
-	return m.vocabRows(name, src, ceilDiv(sh[0], unit)*unit)
+	return m.vocabRows(g, name, src, ceilDiv(sh[0], unit)*unit)
 }
 
 func lcm(a, b int64) int64 {
@@ -179,19 +189,19 @@ func (m *model) attentionScales(prefix, module string) error {
 	return nil
 }
 
-// vocabRows splits a [vocab, hidden] tensor padded to padded rows by rows over TP; rows past the
+// vocabRows splits a [vocab, hidden] tensor padded to padded rows by rows over g; rows past the
 // real vocabulary are zeros.
-func (m *model) vocabRows(name, src string, padded int64) error {
+func (m *model) vocabRows(g tpGroup, name, src string, padded int64) error {
 	sh, err := m.shape(src, 2)
 	if err != nil {
 		return err
 	}
 	vocab, hidden := sh[0], sh[1]
-	per, err := divide("the padded vocabulary", padded, m.par.TP, "/layout/tensor_parallel_size")
+	per, err := divide("the padded vocabulary", padded, g.size, "/layout/tensor_parallel_size")
 	if err != nil {
 		return err
 	}
-	start := m.par.TPRank * per
+	start := g.rank * per
 	p := m.param(name, m.dtype, per, hidden)
 	if real := min(per, vocab-start); real > 0 {
 		p.place(src, []int64{0, 0}, []int64{start, 0}, []int64{real, hidden})
@@ -302,29 +312,33 @@ func (m *model) columnLinear(name string, tp int64, parts ...slab) error {
 	return nil
 }
 
-// rowLinear lays out RowParallelLinear: rank r holds input features [r*in/tp, (r+1)*in/tp).
-func (m *model) rowLinear(name, module string) error {
+// rowLinear lays out RowParallelLinear over the TP group.
+func (m *model) rowLinear(name, module string) error { return m.rowLinearOver(m.tp(), name, module) }
+
+// rowLinearOver lays out RowParallelLinear over g: rank r holds input features
+// [r*in/size, (r+1)*in/size).
+func (m *model) rowLinearOver(g tpGroup, name, module string) error {
 	sh, err := m.shape(module+".weight", 2)
 	if err != nil {
 		return err
 	}
 	out, in := sh[0], sh[1]
-	per, err := divide(module+"'s input features", in, m.par.TP, "/layout/tensor_parallel_size")
+	per, err := divide(module+"'s input features", in, g.size, "/layout/tensor_parallel_size")
 	if err != nil {
 		return err
 	}
 	quant := m.quantized(module)
 	if quant {
-		if err := m.checkBlockShape(name, m.par.TP, in, per, out, []int64{out}); err != nil {
+		if err := m.checkBlockShape(name, g.size, in, per, out, []int64{out}); err != nil {
 			return err
 		}
 	}
 	w := m.param(name+".weight", m.weightDType(module), out, per)
-	w.place(module+".weight", []int64{0, 0}, []int64{0, m.par.TPRank * per}, []int64{out, per})
+	w.place(module+".weight", []int64{0, 0}, []int64{0, g.rank * per}, []int64{out, per})
 	if quant {
 		rows, n := ceilDiv(out, m.blockN), ceilDiv(per, m.blockK)
 		sc := m.param(name+".weight_scale_inv", api.F32, rows, n)
-		sc.place(module+".weight_scale_inv", []int64{0, 0}, []int64{0, m.par.TPRank * n}, []int64{rows, n})
+		sc.place(module+".weight_scale_inv", []int64{0, 0}, []int64{0, g.rank * n}, []int64{rows, n})
 	}
 	if m.has(module + ".bias") { // added once, after the reduction: every rank holds it whole
 		return m.replicated(name+".bias", module+".bias", m.dtype)
@@ -417,10 +431,10 @@ func (m *model) mlp(dst, src, gate, up, down string) error {
 }
 
 // qkv is QKVParallelLinear over q_proj, k_proj and v_proj (the bias too, when the checkpoint has
-// one): rank r holds [q_r; k_r; v_r]. With more ranks than KV heads each KV head is replicated
-// over TP/kv ranks and rank r holds KV head r / (TP/kv).
-func (m *model) qkv(dst, src string, heads, kvHeads, headDim int64) error {
-	tp, r := m.par.TP, m.par.TPRank
+// one), split over g: rank r holds [q_r; k_r; v_r]. With more ranks than KV heads each KV head is
+// replicated over size/kv ranks and rank r holds KV head r / (size/kv).
+func (m *model) qkv(g tpGroup, dst, src string, heads, kvHeads, headDim int64) error {
+	tp, r := g.size, g.rank
 	q, err := divide("num_attention_heads", heads, tp, "/layout/tensor_parallel_size")
 	if err != nil {
 		return err
@@ -463,7 +477,7 @@ func (m *model) embedAndHead(layers func() error) error {
 	if tied {
 		embed = "lm_head.weight"
 	}
-	if err := m.vocabParallel(embed, "model.embed_tokens.weight"); err != nil {
+	if err := m.vocabParallel(m.embedding, embed, "model.embed_tokens.weight"); err != nil {
 		return err
 	}
 	if err := layers(); err != nil {
@@ -475,5 +489,5 @@ func (m *model) embedAndHead(layers func() error) error {
 	if tied {
 		return nil
 	}
-	return m.vocabParallel("lm_head.weight", "lm_head.weight")
+	return m.vocabParallel(m.tp(), "lm_head.weight", "lm_head.weight")
 }

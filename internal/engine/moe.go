@@ -104,19 +104,27 @@ func (m *model) sharedExperts(dst, src string) error {
 	return m.replicatedLinear(dst+"down_proj", src+"down_proj")
 }
 
-// experts lays out FusedMoE's stacked weights (layers/fused_moe/layer.py, weight_loader; on lines
-// with a MoERunner, RoutedExperts.weight_loader in routed_experts.py) under the prefix dst:
-// w13_weight [E_local, 2*I/tp, H] holds each expert's [gate_r; up_r] (w1 then w3), and w2_weight
-// [E_local, H, I/tp] each expert's down-projection columns of the rank. Block-FP8 checkpoints add
-// w13_weight_scale_inv and w2_weight_scale_inv, split the same way in block units. groups is the
-// model's num_expert_group (0 when it has none).
+// experts lays out vLLM's FusedMoE (layers/fused_moe/layer.py, weight_loader; on lines with a
+// MoERunner, RoutedExperts.weight_loader in routed_experts.py) under the prefix dst, its experts
+// placed by moeGroup. groups is the model's num_expert_group (0 when it has none).
 func (m *model) experts(dst string, count, groups int64, names expertModules) error {
 	g, err := m.moeGroup(count, groups)
+	if err != nil {
+		return err
+	}
+	return m.stackExperts(dst, g, names)
+}
+
+// stackExperts lays out a FusedMoE's stacked weights for the rank's place g in the MoE group:
+// w13_weight [E_local, 2*I/tp, H] holds each expert's [gate_r; up_r] (w1 then w3), and w2_weight
+// [E_local, H, I/tp] each expert's down-projection columns of the rank. Block-FP8 checkpoints add
+// w13_weight_scale_inv and w2_weight_scale_inv, split the same way in block units.
+func (m *model) stackExperts(dst string, g moeGroup, names expertModules) error {
 	local := int64(len(g.slots))
-	if err != nil || local == 0 {
+	if local == 0 {
 		// More ranks than experts leave this one none: its expert parameters are empty, and
 		// _filter_subtensors drops empty tensors from the state dict.
-		return err
+		return nil
 	}
 	gate0, _, _ := names(0)
 	sh, err := m.shape(gate0+".weight", 2)

@@ -238,7 +238,8 @@ func (r *Resolver) build(ctx context.Context, ck *checkpoint.Checkpoint, l api.E
 		PCP: orDefault(l.PrefillContextParallelSize, 1), PCPRank: orDefault(l.PcpRank, 0),
 		ExpertParallel: orDefault(l.EnableExpertParallel, false),
 		EPLB:           orDefault(l.EnableEplb, false), RedundantExperts: orDefault(l.NumRedundantExperts, 0),
-		Placement: string(orDefault(l.ExpertPlacementStrategy, api.Linear))}}
+		Placement:   string(orDefault(l.ExpertPlacementStrategy, api.Linear)),
+		DPAttention: orDefault(l.EnableDpAttention, false), EP: orDefault(l.ExpertParallelSize, 1)}}
 	if l.Dtype != nil {
 		spec.DType = *l.Dtype
 	}

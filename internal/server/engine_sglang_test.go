@@ -42,23 +42,9 @@ func sglangParallels() []sglangref.Parallel {
 	return out
 }
 
-// sglangFieldUnserved reports whether the server refused a field of the layout object it does not
-// take yet.
-func sglangFieldUnserved(res response) bool {
-	if res.status < 400 || res.status >= 500 || res.problem.Errors == nil {
-		return false
-	}
-	for _, e := range *res.problem.Errors {
-		if e.Pointer == "/layout/enable_dp_attention" || e.Pointer == "/layout/expert_parallel_size" {
-			return true
-		}
-	}
-	return false
-}
-
 // TestSGLangLinesMatchReference holds the server's "engine": "sglang" layouts to sglangref, written
 // from SGLang's sources, for every checkpoint the reference models at every point of
-// sglangParallels, in the safetensors format. It skips while the server does not know the engine.
+// sglangParallels, in the safetensors format.
 func TestSGLangLinesMatchReference(t *testing.T) {
 	for _, variant := range sglangref.Variants {
 		t.Run(variant, func(t *testing.T) {
@@ -69,12 +55,6 @@ func TestSGLangLinesMatchReference(t *testing.T) {
 			}
 			h := newHarness(t, planner.DefaultOptions(), st, localPut(t, dir))
 			cfg, hf := vrefPut(t, h, variant, variant)
-			probe := h.do("POST", "/v1/layouts", map[string]any{
-				"checkpoint": variant, "layout": map[string]any{"engine": "sglang", "tensor_parallel_size": 1, "tp_rank": 0},
-			})
-			if vrefLineUnserved(probe) {
-				t.Skipf("the server does not lay out sglang yet: %d %.300s", probe.status, probe.body)
-			}
 			var unmodelled sglangref.Unmodelled
 			for _, p := range sglangParallels() {
 				what := fmt.Sprintf("%s %+v", variant, p)
@@ -85,9 +65,6 @@ func TestSGLangLinesMatchReference(t *testing.T) {
 				res := h.do("POST", "/v1/shards", map[string]any{
 					"checkpoint": variant, "format": "safetensors", "layout": sglangLayout(p),
 				})
-				if sglangFieldUnserved(res) {
-					continue
-				}
 				if refErr != nil {
 					if !vrefIsProblem(res, 422) {
 						t.Errorf("%s: SGLang refuses it (%v); the server answered %d %.200s", what, refErr, res.status, res.body)
