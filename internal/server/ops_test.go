@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/auth"
 	"github.com/shardsrv/shardsrv/internal/budget"
+	"github.com/shardsrv/shardsrv/internal/cache"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -329,5 +331,42 @@ func TestMetricsEndpointServesPrometheus(t *testing.T) {
 	if !strings.Contains(string(body), `shardsrv_requests_total{`) ||
 		!strings.Contains(string(body), `route="/v1/plan"`) {
 		t.Errorf("/metrics: %s", body)
+	}
+}
+
+// The store stack as serve builds it — the cache over the instrumented store, each given the
+// meter — shows its counters on /metrics under the names the README lists.
+func TestMetricsEndpointServesTheStoreStack(t *testing.T) {
+	tel, err := telemetry.New(context.Background(), "shardsrv", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := opsServer(t, func(c *server.Config, st store.Store) {
+		cached, err := cache.New(telemetry.InstrumentStore(st, tel.Tracer, tel.Meter), 64<<20, 1<<20, tel.Meter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Catalog, c.Executor = checkpoint.New(cached), executor.New(cached, c.Budget, executor.Config{Window: 2})
+		c.Meter, c.Metrics = tel.Meter, tel.Metrics
+	})
+	for range 2 { // a miss, then a hit
+		if res, body := e.post(t, "/v1/shards", e.req); res.StatusCode != 200 || !bytes.Equal(body, e.data) {
+			t.Fatalf("status %d, %d bytes", res.StatusCode, len(body))
+		}
+	}
+	res, err := http.Get(e.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	for _, name := range []string{
+		"shardsrv_cache_hits_total", "shardsrv_cache_misses_total", "shardsrv_cache_served_bytes_total",
+		"shardsrv_cache_filled_bytes_total", "shardsrv_cache_evictions_total", "shardsrv_cache_fills_in_flight",
+		"shardsrv_storage_read_bytes_total", "shardsrv_storage_requests_total",
+	} {
+		if !regexp.MustCompile(`(?m)^` + name + `\{`).Match(body) {
+			t.Errorf("/metrics has no %s", name)
+		}
 	}
 }
