@@ -41,8 +41,9 @@ func vrefLineLayout(line string, p vllmref.Parallel) map[string]any {
 }
 
 // vrefLineMoEParallels are the MoE setups of the newer lines, every rank of each: EPLB's redundant
-// experts (over TP 4 and over TP 2 x DP 2), the round-robin placement (applied at DP 1, linear at
-// DP 2), and prefill-context parallelism with EP off and on.
+// experts (2 and 4, over TP 4 and over TP 2 x DP 2: each count divides the physical experts of some
+// checkpoints evenly and of others not, which vLLM refuses), the round-robin placement (applied at
+// DP 1, linear at DP 2), and prefill-context parallelism with EP off and on.
 func vrefLineMoEParallels() [][]vllmref.Parallel {
 	every := func(p vllmref.Parallel) []vllmref.Parallel {
 		var out []vllmref.Parallel
@@ -58,6 +59,8 @@ func vrefLineMoEParallels() [][]vllmref.Parallel {
 		return out
 	}
 	return [][]vllmref.Parallel{
+		every(vllmref.Parallel{TP: 4, DP: 1, EnableEP: true, RedundantExperts: 2}),
+		every(vllmref.Parallel{TP: 2, DP: 2, EnableEP: true, RedundantExperts: 2}),
 		every(vllmref.Parallel{TP: 4, DP: 1, EnableEP: true, RedundantExperts: 4}),
 		every(vllmref.Parallel{TP: 2, DP: 2, EnableEP: true, RedundantExperts: 4}),
 		every(vllmref.Parallel{TP: 4, DP: 1, EnableEP: true, RoundRobin: true}),
@@ -197,8 +200,8 @@ func vrefSafetensorsMetadata(t *testing.T, body []byte) map[string]string {
 func TestVLLMLinesMatchReference(t *testing.T) {
 	newest := vllmref.Releases[len(vllmref.Releases)-1]
 	for _, line := range vllmref.Releases[1:] {
-		variants := slices.Concat(vllmref.Variants, vllmref.WideVariants, vllmref.NewArchVariants,
-			vllmref.WideMoEVariants)
+		variants := slices.Concat(vllmref.Variants, vllmref.SparseMoEVariants, vllmref.WideVariants,
+			vllmref.NewArchVariants, vllmref.WideMoEVariants)
 		for _, variant := range variants {
 			cfg, hf := vllmref.Checkpoint(variant, 42)
 			var unmodelled vllmref.Unmodelled

@@ -264,17 +264,106 @@ func TestGptOssMXFP4ReassemblesByDecoding(t *testing.T) {
 	}
 }
 
-func TestLine029LeavesUnreadMoEUnmodelled(t *testing.T) {
-	for _, c := range []struct{ line, variant string }{
-		{"0.29", "mixtral"}, {"0.29", "qwen2moe"}, {"0.29", "qwen3moe"},
-		{"0.10", "glm4moe"}, {"0.10", "glm4moe-fp8"}, {"0.10", "gptoss"},
-	} {
-		cfg, hf := Checkpoint(c.variant, 7)
-		_, err := RankAt(c.line, cfg, hf, Parallel{TP: 1, DP: 1})
+func TestLine010LeavesTheNewArchitecturesUnmodelled(t *testing.T) {
+	for _, variant := range []string{"glm4moe", "glm4moe-fp8", "gptoss"} {
+		cfg, hf := Checkpoint(variant, 7)
+		_, err := RankAt("0.10", cfg, hf, Parallel{TP: 1, DP: 1})
 		var u Unmodelled
 		if !errors.As(err, &u) {
-			t.Errorf("%s on %s: %v, want Unmodelled", c.variant, c.line, err)
+			t.Errorf("%s on 0.10: %v, want Unmodelled", variant, err)
 		}
+	}
+}
+
+// runnerNameOf is the name a v0.10.2 Mixtral, Qwen2-MoE or Qwen3-MoE tensor has under the
+// MoERunner module tree: the experts under routed_experts, Qwen3-MoE's router (passed as gate=)
+// under the runner, Qwen2-MoE's shared expert and its gate under the runner's SharedExperts.
+func runnerNameOf(arch, old string) string {
+	renames := [][2]string{
+		{".block_sparse_moe.experts.w", ".block_sparse_moe.experts.routed_experts.w"},
+		{".mlp.experts.w", ".mlp.experts.routed_experts.w"},
+	}
+	switch arch {
+	case "qwen3moe":
+		renames = append(renames, [2]string{".mlp.gate.weight", ".mlp.experts.gate.weight"})
+	case "qwen2moe":
+		renames = append(renames,
+			[2]string{".mlp.shared_expert_gate.", ".mlp.experts._shared_experts._layer.expert_gate."},
+			[2]string{".mlp.shared_expert.", ".mlp.experts._shared_experts._layer."})
+	}
+	for _, r := range renames {
+		if strings.Contains(old, r[0]) {
+			return strings.Replace(old, r[0], r[1], 1)
+		}
+	}
+	return old
+}
+
+// Mixtral, Qwen2-MoE and Qwen3-MoE on "0.29" hold v0.10.2's tensors under the runner's names, and
+// the four attention scale buffers of each layer; sequence-parallel MoE (EP, TP 2, DP 2) changes
+// nothing for them.
+func TestLine029QwenAndMixtralAreTheRunnerTree(t *testing.T) {
+	for _, v := range []string{"mixtral", "qwen2moe", "qwen3moe"} {
+		cfg, _ := Checkpoint(v, 7)
+		layers := ParseConfig(cfg).Int("num_hidden_layers")
+		for _, p := range []Parallel{
+			{TP: 1, DP: 1}, {TP: 2, TPRank: 1, DP: 1}, {TP: 4, TPRank: 2, DP: 1, EnableEP: true},
+			{TP: 1, DP: 2, DPRank: 1, EnableEP: true}, {TP: 2, TPRank: 1, DP: 2, DPRank: 1, EnableEP: true},
+		} {
+			old, cur := mustRankAt(t, "0.10", v, p), mustRankAt(t, "0.29", v, p)
+			for n, x := range old {
+				if y, ok := cur[runnerNameOf(v, n)]; !ok || !same(x, y) {
+					t.Errorf("%s %+v: %s is not %s on 0.29 (present %v)", v, p, n, runnerNameOf(v, n), ok)
+				}
+			}
+			scales := 0
+			for n := range cur {
+				if strings.Contains(n, ".self_attn.attn._") {
+					scales++
+				}
+			}
+			if len(cur) != len(old)+scales || scales != int(layers)*4 {
+				t.Errorf("%s %+v: %d tensors on 0.10, %d on 0.29, %d of them scales", v, p, len(old), len(cur), scales)
+			}
+		}
+	}
+}
+
+// EPLB's redundant experts: Mixtral and Qwen3-MoE take them, Qwen2-MoE (no MixtureOfExperts) not.
+func TestLine029EPLBForMixtralAndQwen3MoE(t *testing.T) {
+	// 10 experts and 2 redundant over EP 4: 3 slots a rank; slots 10 and 11 hold experts 0 and 1.
+	want := [][]int64{{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9, 0, 1}}
+	for _, c := range []struct{ variant, layer, proj string }{
+		{"qwen3moe", "model.layers.1.", "mlp"}, {"mixtral", "model.layers.0.", "block_sparse_moe"},
+	} {
+		cfg, hf := Checkpoint(c.variant, 7)
+		for r := 0; r < 4; r++ {
+			out, err := RankAt("0.29", cfg, hf, Parallel{TP: 4, TPRank: r, DP: 1, EnableEP: true, RedundantExperts: 2})
+			if err != nil {
+				t.Fatalf("%s: %v", c.variant, err)
+			}
+			w13 := out[c.layer+c.proj+".experts.routed_experts.w13_weight"]
+			var held []int64
+			for j := int64(0); j < w13.Shape[0]; j++ {
+				for e := int64(0); e < 10; e++ {
+					x := fmt.Sprintf("%s%s.experts.%d.", c.layer, c.proj, e)
+					g, u := hf[x+"gate_proj.weight"], hf[x+"up_proj.weight"]
+					if c.variant == "mixtral" {
+						g, u = hf[x+"w1.weight"], hf[x+"w3.weight"]
+					}
+					if same(expert(w13, j), CatRows(g, u)) {
+						held = append(held, e)
+					}
+				}
+			}
+			if !slices.Equal(held, want[r]) {
+				t.Errorf("%s rank %d holds experts %v, want %v", c.variant, r, held, want[r])
+			}
+		}
+	}
+	cfg, hf := Checkpoint("qwen2moe", 7)
+	if _, err := RankAt("0.29", cfg, hf, Parallel{TP: 4, DP: 1, EnableEP: true, RedundantExperts: 2}); err == nil {
+		t.Error("Qwen2-MoE took redundant experts")
 	}
 }
 

@@ -62,10 +62,11 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 	}
 	b.p.sequenceParallel = rel.sequenceParallelMoE && p.EnableEP && p.TP > 1 && p.DP > 1
 	// EPLB needs a model that implements MixtureOfExperts and hands FusedMoEFactory its
-	// num_redundant_experts: DeepseekV2MoE and Glm4MoE do; gpt-oss's MLPBlock and the dense
-	// models do not.
-	if p.RedundantExperts > 0 && !slices.Contains(
-		[]string{"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"}, arch) {
+	// num_redundant_experts: DeepseekV2MoE, Glm4MoE, MixtralMoE (mixtral.py@f0e26957) and
+	// Qwen3MoeSparseMoeBlock (qwen3_moe.py@2e0831b0) do; Qwen2MoeForCausalLM (SupportsPP and
+	// SupportsLoRA only, qwen2_moe.py@002fb907), gpt-oss's MLPBlock and the dense models do not.
+	if p.RedundantExperts > 0 && !slices.Contains([]string{"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+		"Glm4MoeForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}, arch) {
 		panic(Refusal(arch + " does not support EPLB's redundant experts"))
 	}
 	switch arch {
@@ -198,12 +199,23 @@ func (b *builder) denseMLPq(prefix string, inter, hidden int64, quant bool, alia
 // mixtralMoE is MixtralMoE (mixtral.py): block_sparse_moe.gate = ReplicatedLinear(hidden,
 // num_local_experts, quant_config=None), block_sparse_moe.experts = FusedMoE(num_local_experts,
 // intermediate_size) from experts.N.w1 / w3 / w2.
+//
+// On a moeRunner line the experts are FusedMoEFactory with the arguments MixtralMoE gave FusedMoE
+// before the factory (mixtral.py@f0e26957, a vllm-project copy from before the factory:
+// num_experts, top_k, hidden_size, intermediate_size, enable_eplb, num_redundant_experts; no gate=,
+// no shared_experts=). PR #41184 made FusedMoE the factory of a MoERunner owning RoutedExperts and
+// PR #44941 renamed it; they change the module tree under "experts", not what the models pass. So
+// the gate stays "block_sparse_moe.gate.weight" and the experts save under "experts.routed_experts.".
 func (b *builder) mixtralMoE(l string, hidden int64) {
 	experts := b.cfg.Int("num_local_experts")
 	inter := b.cfg.Int("intermediate_size")
 	p := l + "block_sparse_moe"
+	expertNames := p + ".experts"
+	if b.rel.moeRunner {
+		expertNames = p + ".experts.routed_experts"
+	}
 	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
-	b.fusedMoE([]string{p + ".experts"}, experts, inter, hidden, false, func(e int64) (string, string, string) {
+	b.fusedMoE([]string{expertNames}, experts, inter, hidden, false, func(e int64) (string, string, string) {
 		x := fmt.Sprintf("%s.experts.%d.", p, e)
 		return x + "w1", x + "w3", x + "w2"
 	})
@@ -218,8 +230,25 @@ func (b *builder) mixtralMoE(l string, hidden int64) {
 // FusedMoE(num_experts, moe_intermediate_size); Qwen2-MoE adds shared_expert = Qwen2MoeMLP
 // (shared_expert_intermediate_size, TP-split) when that size > 0 and shared_expert_gate =
 // torch.nn.Linear(hidden, 1, bias=False) (replicated, model dtype). In v0.10.2 these are plain
-// FusedMoE and plain attributes; newer vLLM (after PR #26145) nests the shared expert in a
-// SharedFusedMoE and its gate in the MLP, which renames them - not modelled.
+// FusedMoE and plain attributes.
+//
+// On a moeRunner line the blocks give FusedMoEFactory what they gave SharedFusedMoE before the
+// factory (PRs #41184 and #44941 change the module tree under "experts", not the arguments):
+//
+//	Qwen3-MoE (qwen3_moe.py@2e0831b0): gate=self.gate, shared_experts=self.shared_expert (None
+//	  without shared_expert_intermediate_size), enable_eplb, num_redundant_experts,
+//	  is_sequence_parallel. The runner registers the gate again: "experts.gate.weight" is kept.
+//	Qwen2-MoE (qwen2_moe.py@002fb907, and a FusedMoEFactory-era copy of the file in a fork, which
+//	  reads the same): shared_experts=self.shared_expert, no gate=. shared_expert_gate (an
+//	  nn.Linear there, a ReplicatedLinear in the fork: [1, hidden] in the model dtype either way) is
+//	  also the shared expert's expert_gate, so it is
+//	  "shared_expert_gate", "shared_expert.expert_gate" and, through the runner's SharedExperts
+//	  (whose _layer is the shared expert), "experts._shared_experts._layer.expert_gate", the last
+//	  kept like the shared expert's "experts._shared_experts._layer.*".
+//
+// Neither builds its shared or dense MLPs with is_sequence_parallel, so sequence-parallel MoE
+// replicates nothing here. A Qwen3-MoE checkpoint with a shared expert is not modelled (the
+// released ones have none).
 func (b *builder) qwenMoE(arch string, i int64, l string, hidden int64) {
 	c := b.cfg
 	experts := c.Int("num_experts")
@@ -235,8 +264,18 @@ func (b *builder) qwenMoE(arch string, i int64, l string, hidden int64) {
 		)
 	}
 	p := l + "mlp"
+	gateNames, expertNames, sharedAliases := []string{p + ".gate"}, p+".experts", []string(nil)
+	if b.rel.moeRunner {
+		expertNames, sharedAliases = p+".experts.routed_experts", []string{p + ".experts._shared_experts._layer"}
+		if arch == "Qwen3MoeForCausalLM" {
+			gateNames = append(gateNames, p+".experts.gate")
+			if c.IntOr("shared_expert_intermediate_size", 0) > 0 {
+				panic(Unmodelled("Qwen3MoeForCausalLM with a shared expert is not modelled"))
+			}
+		}
+	}
 	b.fusedMoE(
-		[]string{p + ".experts"},
+		[]string{expertNames},
 		experts,
 		c.Int("moe_intermediate_size"),
 		hidden,
@@ -246,12 +285,18 @@ func (b *builder) qwenMoE(arch string, i int64, l string, hidden int64) {
 			return x + "gate_proj", x + "up_proj", x + "down_proj"
 		},
 	)
-	b.replicated([]string{p + ".gate"}, p+".gate", false, experts, hidden)
+	b.replicated(gateNames, p+".gate", false, experts, hidden)
 	if arch == "Qwen2MoeForCausalLM" {
-		if shared := c.IntOr("shared_expert_intermediate_size", 0); shared > 0 {
-			b.denseMLP(p+".shared_expert", shared, hidden)
+		shared := c.IntOr("shared_expert_intermediate_size", 0)
+		gateNames := []string{p + ".shared_expert_gate.weight"}
+		if shared > 0 {
+			b.denseMLP(p+".shared_expert", shared, hidden, sharedAliases...)
+			if b.rel.moeRunner {
+				gateNames = append(gateNames, p+".shared_expert.expert_gate.weight",
+					p+".experts._shared_experts._layer.expert_gate.weight")
+			}
 		}
-		b.add(b.unquantized(p+".shared_expert_gate.weight", 1, hidden), p+".shared_expert_gate.weight")
+		b.add(b.unquantized(p+".shared_expert_gate.weight", 1, hidden), gateNames...)
 	}
 }
 

@@ -51,21 +51,8 @@ var releases = map[string]release{
 		"Glm4MoeForCausalLM": "the reference models GLM-4.x-MoE on the newer lines only",
 		"GptOssForCausalLM":  "the reference models gpt-oss on the newer lines only",
 	}},
-	"0.29": {
-		attentionScales: true, lcmVocabPadding: true, moeRunner: true, sequenceParallelMoE: true,
-		unmodelled: map[string]string{
-			"MixtralForCausalLM":  line029MoEUnread,
-			"Qwen2MoeForCausalLM": line029MoEUnread,
-			"Qwen3MoeForCausalLM": line029MoEUnread,
-		},
-	},
+	"0.29": {attentionScales: true, lcmVocabPadding: true, moeRunner: true, sequenceParallelMoE: true},
 }
-
-// line029MoEUnread: the search index holds mixtral.py, qwen2_moe.py and qwen3_moe.py only in
-// versions from before FusedMoEFactory (qwen3_moe.py@2e0831b0 builds SharedFusedMoE), so which
-// modules those models hand the runner on 0.29 (gate=, shared_expert_gate=) could not be read.
-const line029MoEUnread = "its 0.29 model file (which modules it passes FusedMoEFactory) could not be read " +
-	"from a FusedMoEFactory-era copy of vLLM"
 
 // Unmodelled is the error RankAt returns for an input the reference does not model on a line (as
 // opposed to one vLLM refuses): a test should skip it, not expect the server to refuse it.
