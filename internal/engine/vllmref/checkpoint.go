@@ -48,7 +48,7 @@ const (
 // Checkpoint builds a tiny Hugging Face checkpoint of a variant: its config.json bytes and its
 // tensors by HF name, random values from seed. It panics on an unknown variant.
 func Checkpoint(variant string, seed int64) (config []byte, tensors map[string]Tensor) {
-	if slices.Contains(WideVariants, variant) {
+	if slices.Contains(WideVariants, variant) || slices.Contains(wideDecoderMoEVariants, variant) {
 		return wideCheckpoint(variant, seed)
 	}
 	if isNewArch(variant) {
@@ -360,7 +360,13 @@ var WideVariants = []string{"llama-wide", "llama-wide-tied", "qwen2-wide", "qwen
 const (
 	wideInter   = 96
 	wideHeadDim = 8
+	// The wide MoE decoders' 12 experts of 48 features split over TP x DP up to 16 and TP 6 x DP 2.
+	wideExperts = 12
+	wideMoE     = 48
 )
+
+// wideDecoderMoEVariants are the WideMoEVariants built on the wide Llama-family skeleton.
+var wideDecoderMoEVariants = []string{"mixtral-wide", "qwen2moe-wide", "qwen3moe-wide"}
 
 var wideDims = dims{hidden: 96, heads: 24, kv: 2, vocab: 1000}
 
@@ -373,6 +379,16 @@ func wideCheckpoint(variant string, seed int64) ([]byte, map[string]Tensor) {
 		"torch_dtype": "bfloat16",
 	}
 	mlp := func(dtype string) func(string) { return func(l string) { g.mlp(l+"mlp", dtype, wideInter) } }
+	// experts adds a router and wideExperts experts of the checkpoint's names under prefix.
+	experts := func(prefix, gate, up, down string) {
+		g.rand(prefix+"gate.weight", "BF16", wideExperts, g.hidden)
+		for e := 0; e < wideExperts; e++ {
+			x := fmt.Sprintf("%sexperts.%d.", prefix, e)
+			g.rand(x+gate+".weight", "BF16", wideMoE, g.hidden)
+			g.rand(x+up+".weight", "BF16", wideMoE, g.hidden)
+			g.rand(x+down+".weight", "BF16", g.hidden, wideMoE)
+		}
+	}
 	switch variant {
 	case "llama-wide", "llama-wide-tied":
 		tied := variant == "llama-wide-tied"
@@ -391,6 +407,48 @@ func wideCheckpoint(variant string, seed int64) ([]byte, map[string]Tensor) {
 		cfg["architectures"], cfg["model_type"] = []string{"Qwen3ForCausalLM"}, "qwen3"
 		cfg["head_dim"], cfg["attention_bias"] = wideHeadDim, false
 		g.decoder("BF16", 2, wideHeadDim, false, true, "F32", mlp("BF16"))
+		g.rand("lm_head.weight", "BF16", g.vocab, g.hidden)
+	case "mixtral-wide":
+		cfg["architectures"], cfg["model_type"], cfg["head_dim"] = []string{"MixtralForCausalLM"}, "mixtral", wideHeadDim
+		cfg["intermediate_size"], cfg["num_local_experts"], cfg["num_experts_per_tok"] = wideMoE, wideExperts, 2
+		g.decoder("BF16", 2, wideHeadDim, false, false, "BF16", func(l string) {
+			experts(l+"block_sparse_moe.", "w1", "w3", "w2")
+		})
+		g.rand("lm_head.weight", "BF16", g.vocab, g.hidden)
+	case "qwen2moe-wide":
+		// Layer 0 sparse with a shared expert and its gate, layer 1 dense (mlp_only_layers); the
+		// attention's head_dim is hidden_size // num_heads = 4.
+		cfg["architectures"], cfg["model_type"] = []string{"Qwen2MoeForCausalLM"}, "qwen2_moe"
+		cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"] = wideMoE, wideMoE
+		cfg["num_experts"], cfg["num_experts_per_tok"], cfg["decoder_sparse_step"] = wideExperts, 2, 1
+		cfg["mlp_only_layers"], cfg["norm_topk_prob"] = []int{1}, false
+		layer := 0
+		g.decoder("BF16", 2, g.hidden/g.heads, true, false, "BF16", func(l string) {
+			defer func() { layer++ }()
+			if layer == 1 {
+				g.mlp(l+"mlp", "BF16", wideInter)
+				return
+			}
+			experts(l+"mlp.", "gate_proj", "up_proj", "down_proj")
+			g.mlp(l+"mlp.shared_expert", "BF16", wideMoE)
+			g.rand(l+"mlp.shared_expert_gate.weight", "BF16", 1, g.hidden)
+		})
+		g.rand("lm_head.weight", "BF16", g.vocab, g.hidden)
+	case "qwen3moe-wide":
+		// decoder_sparse_step 2: layer 0 dense, layer 1 sparse.
+		cfg["architectures"], cfg["model_type"] = []string{"Qwen3MoeForCausalLM"}, "qwen3_moe"
+		cfg["head_dim"], cfg["attention_bias"], cfg["moe_intermediate_size"] = wideHeadDim, false, wideMoE
+		cfg["num_experts"], cfg["num_experts_per_tok"], cfg["decoder_sparse_step"] = wideExperts, 2, 2
+		cfg["mlp_only_layers"], cfg["norm_topk_prob"] = []int{}, true
+		layer := 0
+		g.decoder("BF16", 2, wideHeadDim, false, true, "BF16", func(l string) {
+			defer func() { layer++ }()
+			if layer == 0 {
+				g.mlp(l+"mlp", "BF16", wideInter)
+				return
+			}
+			experts(l+"mlp.", "gate_proj", "up_proj", "down_proj")
+		})
 		g.rand("lm_head.weight", "BF16", g.vocab, g.hidden)
 	default:
 		panic("vllmref: unknown variant " + variant)

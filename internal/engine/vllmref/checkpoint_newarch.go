@@ -30,8 +30,10 @@ var NewArchVariants = []string{"glm4moe", "glm4moe-fp8", "gptoss"}
 // WideMoEVariants lists MoE checkpoints of the older architectures whose heads allow TP 6:
 // deepseekv3-wide is DeepseekV3ForCausalLM with 24 MLA heads (q_lora_rank null), 12 routed experts
 // in 2 groups (n_group 2, so the round-robin placement applies where vLLM allows it), one shared
-// expert and a dense first layer.
-var WideMoEVariants = []string{"deepseekv3-wide"}
+// expert and a dense first layer; mixtral-wide, qwen2moe-wide and qwen3moe-wide are those models on
+// the wide dense checkpoints' skeleton (24 query heads over 2 KV heads, 1000 rows of vocabulary)
+// with 12 experts of 48 features, Qwen2-MoE's a shared expert, both Qwen models a dense layer.
+var WideMoEVariants = []string{"deepseekv3-wide", "mixtral-wide", "qwen2moe-wide", "qwen3moe-wide"}
 
 // The sizes the new-architecture checkpoints share.
 const (

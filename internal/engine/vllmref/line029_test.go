@@ -275,15 +275,15 @@ func TestLine010LeavesTheNewArchitecturesUnmodelled(t *testing.T) {
 	}
 }
 
-// runnerNameOf is the name a v0.10.2 Mixtral, Qwen2-MoE or Qwen3-MoE tensor has under the
-// MoERunner module tree: the experts under routed_experts, Qwen3-MoE's router (passed as gate=)
+// runnerNameOf is the name a v0.10.2 tensor of a Mixtral, Qwen2-MoE or Qwen3-MoE variant has under
+// the MoERunner module tree: the experts under routed_experts, Qwen3-MoE's router (passed as gate=)
 // under the runner, Qwen2-MoE's shared expert and its gate under the runner's SharedExperts.
 func runnerNameOf(arch, old string) string {
 	renames := [][2]string{
 		{".block_sparse_moe.experts.w", ".block_sparse_moe.experts.routed_experts.w"},
 		{".mlp.experts.w", ".mlp.experts.routed_experts.w"},
 	}
-	switch arch {
+	switch strings.TrimSuffix(arch, "-wide") {
 	case "qwen3moe":
 		renames = append(renames, [2]string{".mlp.gate.weight", ".mlp.experts.gate.weight"})
 	case "qwen2moe":
@@ -303,7 +303,7 @@ func runnerNameOf(arch, old string) string {
 // the four attention scale buffers of each layer; sequence-parallel MoE (EP, TP 2, DP 2) changes
 // nothing for them.
 func TestLine029QwenAndMixtralAreTheRunnerTree(t *testing.T) {
-	for _, v := range []string{"mixtral", "qwen2moe", "qwen3moe"} {
+	for _, v := range []string{"mixtral", "qwen2moe", "qwen3moe", "mixtral-wide", "qwen2moe-wide", "qwen3moe-wide"} {
 		cfg, _ := Checkpoint(v, 7)
 		layers := ParseConfig(cfg).Int("num_hidden_layers")
 		for _, p := range []Parallel{
