@@ -1,6 +1,7 @@
 // Package checkpoint is the catalog: it resolves a checkpoint name to its files
 // (model.safetensors.index.json's weight_map, or a single model.safetensors) and their tensors,
-// reading only the header bytes of each file, and caches what it read per file version.
+// reading only the header bytes of each file, and caches what it read per file version; it also
+// remembers, per file version, the bytes reads found corrupt (KnownCorrupt).
 package checkpoint
 
 import (
@@ -117,6 +118,7 @@ type Catalog struct {
 	group   singleflight.Group
 	headers *lru.Cache[string, *safetensors.Header] // by key + "@" + version
 	opened  *lru.Cache[string, *opened]             // by checkpoint name
+	corrupt *corruptions
 }
 
 type opened struct {
@@ -130,7 +132,7 @@ type opened struct {
 func New(s store.Store) *Catalog {
 	headers, _ := lru.New[string, *safetensors.Header](4096)
 	ckpts, _ := lru.New[string, *opened](256)
-	return &Catalog{store: s, headers: headers, opened: ckpts}
+	return &Catalog{store: s, headers: headers, opened: ckpts, corrupt: newCorruptions()}
 }
 
 // ChargeTo makes the catalog hold the memory of the metadata it reads (the index) against a
@@ -231,11 +233,22 @@ func (c *Catalog) current(ctx context.Context, o *opened, rootKey string) (bool,
 
 // ReadFailed tells the catalog that reading checkpoint name's data failed with err. When the error
 // says a file changed or vanished since the catalog resolved it, the resolution is stale and is
-// dropped, so the next request reads the new files; other failures leave it.
+// dropped, so the next request reads the new files; bytes found corrupt are remembered for their
+// file version (KnownCorrupt); other failures leave it.
 func (c *Catalog) ReadFailed(name string, err error) {
-	if errors.Is(err, store.ErrChanged) || errors.Is(err, store.ErrNotFound) {
+	var corrupt *store.CorruptError
+	switch {
+	case errors.Is(err, store.ErrChanged) || errors.Is(err, store.ErrNotFound):
 		c.opened.Remove(name)
+	case errors.As(err, &corrupt):
+		c.corrupt.add(corrupt)
 	}
+}
+
+// KnownCorrupt returns the error an earlier read of key at version met in bytes overlapping the n
+// at off, or nil: a retry is answered before it reads, and a new version of the file starts clean.
+func (c *Catalog) KnownCorrupt(key, version string, off, n int64) error {
+	return c.corrupt.overlapping(key, version, off, n)
 }
 
 func (c *Catalog) root(ctx context.Context, name string) (string, store.Info, bool, error) {

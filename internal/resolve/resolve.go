@@ -131,7 +131,8 @@ func (x *Resolved) Release() { x.release(x.held) }
 
 // ReadFailed tells the catalog that reading the plan's data failed with err: a resolution that
 // turns out stale (a file changed or vanished since it was resolved) is dropped, so the next
-// request resolves the files as they are now.
+// request resolves the files as they are now, and bytes found corrupt are refused to the next
+// plan that reads them at the same file version.
 func (x *Resolved) ReadFailed(err error) { x.catalog.ReadFailed(x.Plan.Checkpoint, err) }
 
 // Resolve opens req's checkpoint, expands its layout into a copy of it, and plans that. All a plan
@@ -155,6 +156,9 @@ func (r *Resolver) Resolve(ctx context.Context, req *api.ShardRequest, purpose P
 	pctx, span := r.cfg.Tracer.Start(ctx, "plan", trace.WithAttributes(attribute.Int("tensors", len(req.Tensors))))
 	plan, err := planner.NewContext(pctx, req, ck, opts)
 	span.End()
+	if err == nil && purpose == Stream {
+		err = r.knownCorrupt(plan)
+	}
 	if err != nil {
 		giveBack(opts.MaxPlanBytes)
 		return nil, err
@@ -162,6 +166,20 @@ func (r *Resolver) Resolve(ctx context.Context, req *api.ShardRequest, purpose P
 	held := min(plan.MemoryBytes, opts.MaxPlanBytes)
 	giveBack(opts.MaxPlanBytes - held)
 	return &Resolved{Plan: plan, Planning: time.Since(start), catalog: r.cfg.Catalog, release: giveBack, held: held}, nil
+}
+
+// knownCorrupt fails a plan that would read bytes an earlier read of the same file version found
+// corrupt (Resolved.ReadFailed), so a retry gets the error before its first byte, not a body cut
+// short after the headers.
+func (r *Resolver) knownCorrupt(plan *planner.Plan) error {
+	for i := range plan.Items {
+		for _, rd := range plan.Items[i].Reads() {
+			if err := r.cfg.Catalog.KnownCorrupt(rd.Key, rd.Version, rd.Offset, rd.Length); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // open resolves a checkpoint by name.

@@ -148,3 +148,62 @@ func TestTamperedCheckpointThroughHTTP(t *testing.T) {
 		}
 	}
 }
+
+// A read that found a file version corrupt is remembered: the first request commits its headers
+// and is cut short, a retry of it gets the integrity-mismatch before its first byte, a request
+// that reads only other bytes of that version still streams them, and a new version of the file
+// (the bytes restored) is served again.
+func TestACorruptVersionIsAProblemBeforeTheFirstByteOnRetry(t *testing.T) {
+	st, put, dir := signedLocal(t)
+	opts := planner.DefaultOptions()
+	opts.SegmentBytes = 64 << 10
+	h := newHarness(t, opts, st, put)
+	const n = 64 << 10 // 256 KiB of F32: four segments
+	data := arange(0, n)
+	writeCheckpoint(t, h, "m", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{n},
+		Data: f32(data...)})
+	all := shardReq("m", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{n},
+		Boxes: whole(n), Blocks: copyOf("w", n)})
+	head := shardReq("m", api.TensorRequest{Name: "w", Dtype: api.F32, Shape: []int64{1024},
+		Boxes: whole(1024), Blocks: copyOf("w", 1024)})
+	path := filepath.Join(dir, "m", "model.safetensors")
+	pristine, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := bytes.Clone(pristine)
+	raw[len(raw)-10] ^= 0x40 // in the last segment, read after the headers are sent
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	post := func(req api.ShardRequest) (status int, body []byte, readErr error) {
+		t.Helper()
+		js, _ := json.Marshal(req)
+		res, err := http.Post(h.url+"/v1/shards", "application/json", bytes.NewReader(js))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, readErr = io.ReadAll(res.Body)
+		return res.StatusCode, body, readErr
+	}
+	if status, body, rerr := post(all); status != http.StatusOK || rerr == nil {
+		t.Fatalf("the first request: %d, read error %v after %d bytes; want 200 cut short", status, rerr, len(body))
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		res := h.do("POST", "/v1/shards", all)
+		if res.status != http.StatusBadGateway || res.problem.Type == "" ||
+			!strings.HasSuffix(res.problem.Type, "integrity-mismatch") {
+			t.Fatalf("retry %d: %d %s; want the 502 integrity-mismatch before the first byte", attempt, res.status, res.body)
+		}
+	}
+	if res := h.do("POST", "/v1/shards", head); res.status != http.StatusOK || !bytes.Equal(res.body, f32(data[:1024]...)) {
+		t.Fatalf("bytes of the corrupt version that hash as signed: %d %.200s", res.status, res.body)
+	}
+	if err := os.WriteFile(path, pristine, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res := h.do("POST", "/v1/shards", all); res.status != http.StatusOK || !bytes.Equal(res.body, f32(data...)) {
+		t.Fatalf("the file restored (a new version): %d %.200s", res.status, res.body)
+	}
+}

@@ -116,6 +116,18 @@ var (
 	ErrUnverified = errors.New("the checkpoint cannot be verified")
 )
 
+// CorruptError is ErrCorrupt found reading one range of one file version: it names the bytes, so
+// what knows the file's version (the catalog) can refuse a later read of them before it starts.
+type CorruptError struct {
+	Key, Version   string
+	Offset, Length int64
+	Err            error // what the comparison found
+}
+
+func (e *CorruptError) Error() string { return fmt.Sprintf("%v: %s: %v", ErrCorrupt, e.Key, e.Err) }
+
+func (e *CorruptError) Unwrap() error { return ErrCorrupt }
+
 // Unanswered reports whether err, met asking the store about a file under ctx, leaves the file's
 // version unknown: the store could not be asked or would not say (unreachable, overloaded, refusing
 // credentials), as opposed to answering that the file is gone or the caller giving up. What was

@@ -356,6 +356,7 @@ func (s *Store) ReadAt(ctx context.Context, key, version string, p []byte, off i
 
 // target is what the reads of one key at one version are checked against.
 type target struct {
+	version     string     // the version read at, as Stat returned it
 	fileVersion string     // the version in the store wrapped
 	sig         *signature // the signature that covers the file
 	file        string     // the key relative to the signed folder
@@ -367,7 +368,7 @@ type target struct {
 // ignored by its signature, or a files-manifest file that checked out whole.
 func (s *Store) target(ctx context.Context, key, version string) (t target, pass bool, err error) {
 	fileVersion, sigID, signed := strings.Cut(version, versionSep)
-	t.fileVersion = fileVersion
+	t.version, t.fileVersion = version, fileVersion
 	if s.exempt(key) {
 		return t, true, nil
 	}
@@ -405,7 +406,7 @@ func (s *Store) readChecked(ctx context.Context, key string, t target, buf []byt
 		return err
 	}
 	n := int64(len(buf))
-	if err := s.check(key, func() error { return t.sig.manifest.Check(t.file, off, buf) }, n); err != nil {
+	if err := s.check(key, t.version, off, n, func() error { return t.sig.manifest.Check(t.file, off, buf) }); err != nil {
 		if now, _, rerr := s.signatureOf(ctx, key, true); rerr == nil && (now == nil || now.id != t.sig.id) {
 			return fmt.Errorf("%w: the signature of %s changed", store.ErrChanged, key) // re-published
 		}
@@ -432,14 +433,15 @@ func (s *Store) Alignment(ctx context.Context, key, version string) int64 {
 	return sig.manifest.ShardSize()
 }
 
-// check runs a hash comparison of n bytes, counting it, and turns a mismatch into ErrCorrupt.
-func (s *Store) check(key string, compare func() error, n int64) error {
+// check runs a hash comparison of the n bytes of key at off, counting it, and turns a mismatch
+// into a CorruptError naming them.
+func (s *Store) check(key, version string, off, n int64, compare func() error) error {
 	start := time.Now()
 	err := compare()
 	s.hashNanos.Add(int64(time.Since(start)))
 	if errors.Is(err, oms.ErrMismatch) {
 		s.failures.Add(1)
-		return fmt.Errorf("%w: %s: %v", store.ErrCorrupt, key, err)
+		return &store.CorruptError{Key: key, Version: version, Offset: off, Length: n, Err: err}
 	}
 	if err != nil {
 		return err
@@ -459,7 +461,7 @@ func (s *Store) checkWhole(ctx context.Context, key string, t target, m *oms.Man
 			return nil, err
 		}
 		r := store.ReaderAt(context.WithoutCancel(ctx), s.Next, key, t.fileVersion)
-		if err := s.check(key, func() error { return m.CheckFile(t.file, r, info.Size) }, info.Size); err != nil {
+		if err := s.check(key, t.version, 0, info.Size, func() error { return m.CheckFile(t.file, r, info.Size) }); err != nil {
 			return nil, err
 		}
 		if t.id != "" {
