@@ -61,15 +61,18 @@ type Proxy struct {
 // Traffic is how many GETs went through, ranged or whole, and the body bytes they carried.
 func (p *Proxy) Traffic() (gets, bytes int64) { return p.gets.Load(), p.bytes.Load() }
 
-// counter counts the body bytes written through it.
+// counter counts the body bytes written through it. It counts them before they are written and
+// takes back what was not: a client that has read a whole body (to its Content-Length) can finish
+// before the write that sent the last bytes returns, and must find them counted.
 type counter struct {
 	http.ResponseWriter
 	n *atomic.Int64
 }
 
 func (c counter) Write(b []byte) (int, error) {
+	c.n.Add(int64(len(b)))
 	n, err := c.ResponseWriter.Write(b)
-	c.n.Add(int64(n))
+	c.n.Add(int64(n - len(b)))
 	return n, err
 }
 
