@@ -335,6 +335,18 @@ func TestTLS(t *testing.T) {
 		c.ReadinessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS || c.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS {
 		t.Errorf("TLS files, peers over https and probes over HTTPS: %+v", c.Env)
 	}
+	// Peers are reached at pod addresses: the name their certificates are checked for is the
+	// Service's, which the Certificate names; an existing Secret's names are not the chart's to know.
+	names, _ := spec["dnsNames"].([]any)
+	if e := env(c, "SHARDSRV_PEER_SERVER_NAME"); e == nil || e.Value != "rel-shardsrv.ml.svc" ||
+		!slices.Contains(names, any(e.Value)) {
+		t.Errorf("--peer-server-name is a name of the Certificate (%v): %+v", names, e)
+	}
+	r = render(t, "--set", "tls.enabled=true,tls.existingSecret=mine,cluster.enabled=true")
+	if c := r.deployment.Spec.Template.Spec.Containers[0]; env(c, "SHARDSRV_PEER_SERVER_NAME") != nil ||
+		env(c, "SHARDSRV_PEER_CA_FILE") == nil {
+		t.Errorf("with an existing Secret: its ca.crt and no name: %+v", c.Env)
+	}
 	out, err := exec.Command(helmBinary(t), "template", "rel", chart, "--set", "tls.enabled=true").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "tls.existingSecret or tls.certManager.enabled") {
 		t.Errorf("TLS without a key pair must be refused: %s", out)

@@ -26,9 +26,9 @@ func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.
 	clientTokens *auth.Tokens, certs *certReloader, log *slog.Logger) (*sharedCache, error) {
 	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.Chunk(), Timeout: c.cluster.Timeout,
 		Tracer: tel.Tracer, Meter: tel.Meter, Logger: log}
-	if c.tls.peerCAFile != "" || certs != nil {
+	if c.tls.peerCAFile != "" || c.tls.peerServerName != "" || certs != nil {
 		var err error
-		if opts.TLS, err = peerTLS(c.tls.peerCAFile, certs); err != nil {
+		if opts.TLS, err = peerTLS(c.tls.peerCAFile, c.tls.peerServerName, certs); err != nil {
 			return nil, err
 		}
 	}

@@ -15,7 +15,7 @@ import (
 // tlsFlags are serve's TLS flags: the server's key pair and, optionally, the CA its clients'
 // certificates must chain to.
 type tlsFlags struct {
-	certFile, keyFile, clientCAFile, peerCAFile string
+	certFile, keyFile, clientCAFile, peerCAFile, peerServerName string
 }
 
 func (f *tlsFlags) register(fs *flag.FlagSet) {
@@ -26,8 +26,10 @@ func (f *tlsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.clientCAFile, "tls-client-ca-file", "", "require every client, peers and probes included, to "+
 		"present a certificate that chains to a CA in this PEM `FILE` (mutual TLS)")
 	fs.StringVar(&f.peerCAFile, "peer-ca-file", "", "with https:// peers: the CA (PEM `FILE`) their certificates "+
-		"chain to, in place of the system's; their names are not checked (peers are reached by pod address, which "+
-		"certificates rarely name: the peer token authenticates them)")
+		"chain to, in place of the system's; without --peer-server-name any certificate of that CA is a peer's")
+	fs.StringVar(&f.peerServerName, "peer-server-name", "", "with https:// peers: the `NAME` every peer's certificate "+
+		"must carry, checked in place of the address a peer is reached at (pod addresses, which certificates rarely "+
+		"name): the Service's DNS name, which the replicas' shared certificate names")
 }
 
 func (f *tlsFlags) validate() error {
@@ -133,10 +135,12 @@ func fileStamp(files ...string) (string, error) {
 }
 
 // peerTLS is how a replica reaches its https:// peers: their certificate chains to caFile's CAs
-// (the system's without it), whatever address they are reached at, and the replica presents its
-// own key pair, for peers that require client certificates.
-func peerTLS(caFile string, own *certReloader) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+// (the system's without it) and names serverName, whatever address they are reached at; without
+// serverName, a caFile's chain alone admits a peer (the address it is reached at is a pod's, which
+// its certificate rarely names), and without either the certificate must name that address. The
+// replica presents its own key pair, for peers that require client certificates.
+func peerTLS(caFile, serverName string, own *certReloader) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
 	if own != nil {
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return own.get() }
 	}
@@ -146,6 +150,10 @@ func peerTLS(caFile string, own *certReloader) (*tls.Config, error) {
 	roots, err := loadCAs(caFile)
 	if err != nil {
 		return nil, err
+	}
+	cfg.RootCAs = roots
+	if serverName != "" {
+		return cfg, nil // the standard check: the chain, and the name
 	}
 	// The chain is checked here, in place of the default check that also wants the peer's name.
 	cfg.InsecureSkipVerify = true

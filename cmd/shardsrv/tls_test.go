@@ -9,9 +9,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -201,5 +204,63 @@ func TestTLSClientCertificates(t *testing.T) {
 	}
 	if err := get(nil); err == nil {
 		t.Error("a client without a certificate was served")
+	}
+}
+
+// leaf is a certificate of ca for dnsNames (and no address), as a tls.Certificate.
+func (ca *testCA) leaf(t *testing.T, dnsNames ...string) tls.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "peer"}, DNSNames: dnsNames,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// How a replica checks a peer it reaches at a pod address: --peer-ca-file alone admits any
+// certificate of that CA, and --peer-server-name also wants that name on it — the Service's, which
+// the replicas' shared certificate names — whatever address the peer was reached at.
+func TestPeerCertificateNames(t *testing.T) {
+	dir := t.TempDir()
+	ca, other := newTestCA(t), newTestCA(t)
+	caFile := filepath.Join(dir, "ca.pem")
+	os.WriteFile(caFile, ca.pem, 0o644)
+	const service = "shardsrv.ml.svc"
+	for _, c := range []struct {
+		name       string
+		serverName string
+		cert       tls.Certificate
+		ok         bool
+	}{
+		{"the CA alone, the Service's certificate", "", ca.leaf(t, service), true},
+		{"the CA alone, another name of the CA", "", ca.leaf(t, "other.ml.svc"), true},
+		{"the CA alone, another CA", "", other.leaf(t, service), false},
+		{"the name, the Service's certificate", service, ca.leaf(t, service), true},
+		{"the name, another name of the CA", service, ca.leaf(t, "other.ml.svc"), false},
+		{"the name, another CA", service, other.leaf(t, service), false},
+	} {
+		ts := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		ts.TLS = &tls.Config{Certificates: []tls.Certificate{c.cert}}
+		ts.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+		// Reached at 127.0.0.1, which no certificate here names.
+		ts.StartTLS()
+		cfg, err := peerTLS(caFile, c.serverName, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+		res, err := client.Get(ts.URL)
+		if err == nil {
+			res.Body.Close()
+		}
+		if (err == nil) != c.ok {
+			t.Errorf("%s: %v, want admitted %v", c.name, err, c.ok)
+		}
+		client.CloseIdleConnections()
+		ts.Close()
 	}
 }
