@@ -352,3 +352,24 @@ func TestTLS(t *testing.T) {
 		t.Errorf("TLS without a key pair must be refused: %s", out)
 	}
 }
+
+// The peer secret under GitOps: a tool that renders with helm template (no cluster to look the
+// Secret up in) must see the same manifests on every sync, which an existing Secret gives — none
+// is rendered and the pods mount it — while the generated one, which only an install or upgrade
+// can keep (lookup), is new on every render: the case the chart's README sends to existingSecret.
+func TestPeerSecretUnderGitOps(t *testing.T) {
+	args := []string{"template", "rel", chart, "--namespace", "ml", "--set", "cluster.enabled=true"}
+	existing := append(slices.Clone(args), "--set", "cluster.peerToken.existingSecret=peers")
+	first, second := helm(t, existing...), helm(t, existing...)
+	if first != second || strings.Contains(first, "kind: Secret") {
+		t.Error("with cluster.peerToken.existingSecret two renders differ or render a Secret")
+	}
+	r := render(t, "--set", "cluster.enabled=true", "--set", "cluster.peerToken.existingSecret=peers")
+	if v := volume(r.deployment.Spec.Template.Spec, "peer"); v == nil || v.Secret.SecretName != "peers" {
+		t.Errorf("the existing Secret is mounted: %+v", v)
+	}
+	a, b := render(t, "--set", "cluster.enabled=true"), render(t, "--set", "cluster.enabled=true")
+	if a.secret == nil || b.secret == nil || bytes.Equal(a.secret.Data["peer-token"], b.secret.Data["peer-token"]) {
+		t.Error("without a cluster to look it up in, the generated secret is drawn anew on each render")
+	}
+}
