@@ -89,6 +89,9 @@ type layoutFlags struct {
 	pcp, pcpRank, redundantExperts *int64
 	eplb                           *bool
 	placement                      *string
+	// SGLang's options, nil unless their flag is given.
+	epSize      *int64
+	dpAttention *bool
 }
 
 // givenFlag is a flag that sets *p only when it is given, to the value it parses.
@@ -121,7 +124,7 @@ func givenInt(p **int64) flag.Value {
 }
 
 // engines are the engines the server lays out (docs/engines.md); the server has the last word.
-const engines = "vllm, or megatron (Llama family)"
+const engines = "vllm, sglang (Llama, Qwen3, Qwen3-MoE) or megatron (Llama family)"
 
 func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rankHelp string) {
 	fs.StringVar(
@@ -163,6 +166,12 @@ func (l *layoutFlags) register(fs *flag.FlagSet, engineFlag, engineDefault, rank
 		"expert-placement-strategy", "how vLLM places experts over the EP ranks (expert_placement_strategy): "+
 			"`STRATEGY`\nlinear (a contiguous run each, the default) or round_robin (rank r holds r, r+EP, ...; "+
 			"vLLM applies it only to models that group their experts)")
+	// SGLang's own flag names, sent as the layout's fields when given.
+	fs.Var(givenInt(&l.epSize), "ep-size", "SGLang's expert-parallel `SIZE` (expert_parallel_size, default 1): "+
+		"MoE experts spread over groups of SIZE ranks\nwithin the TP group, each expert split over --tp / SIZE ranks")
+	fs.Var(givenFlag[bool]{p: &l.dpAttention, parse: strconv.ParseBool, isBool: true}, "enable-dp-attention",
+		"SGLang's DP attention (enable_dp_attention), with --dp: Qwen3's attention splits over --tp / --dp "+
+			"ranks\nand its embedding is whole on every rank")
 }
 
 // ranks reads --rank: one TP rank, or where a command takes several, a list (0,3,5) or all of --tp.
@@ -209,6 +218,7 @@ func (l *layoutFlags) layout(tpRank int64) api.EngineLayout {
 	el.PrefillContextParallelSize, el.PcpRank = l.pcp, l.pcpRank
 	el.EnableEplb, el.NumRedundantExperts = l.eplb, l.redundantExperts
 	el.ExpertPlacementStrategy = (*api.EngineLayoutExpertPlacementStrategy)(l.placement)
+	el.ExpertParallelSize, el.EnableDpAttention = l.epSize, l.dpAttention
 	return el
 }
 
@@ -406,9 +416,9 @@ func rewind(f *os.File) func() error {
 
 const fetchUsage = `Usage:
   shardsrv fetch --request FILE -o OUT|-
-  shardsrv fetch --checkpoint NAME --layout vllm --tp N --rank R|R,R,...|all [--parallel N]
+  shardsrv fetch --checkpoint NAME --layout vllm|sglang --tp N --rank R|R,R,...|all [--parallel N]
                  [--dp N --dp-rank R --ep] [vLLM's MoE options, as 'shardsrv layout -h' lists them]
-                 [--dtype DTYPE] --out DIR
+                 [SGLang's --dp N --enable-dp-attention --ep-size N] [--dtype DTYPE] --out DIR
   shardsrv fetch --checkpoint NAME --small-files --out DIR
 
 The first form POSTs a shard request (JSON, such as 'shardsrv layout' prints) to /v1/shards and
@@ -416,9 +426,10 @@ writes the body (raw bytes, or a safetensors file when the request says "format"
 to OUT, or with -o - to stdout when it is not a terminal. OUT is written through a temporary file
 renamed once the body is whole: when the fetch fails, OUT is left as it was.
 
-The second writes a directory vLLM loads with --load-format sharded_state: for each TP rank R
+The second writes a directory vLLM (or with --layout sglang, SGLang) loads with --load-format
+sharded_state: for each TP rank R
 (a list of ranks for one node of a multi-node TP group, or every rank of --tp with all),
-DIR/model-rank-R-part-0.safetensors holding the parameters vLLM holds on that rank, as the server
+DIR/model-rank-R-part-0.safetensors holding the parameters the engine holds on that rank, as the server
 lays them out from the checkpoint's config.json, --parallel ranks at a time; then the checkpoint's
 small files (config.json, generation_config.json, tokenizer files), last: a DIR holding
 config.json is complete. Each file appears whole or not at all. With --ep and --dp (or
@@ -444,6 +455,10 @@ Examples:
   shardsrv fetch --checkpoint llama-3-70b --layout vllm --tp 16 --rank 8,9,10,11,12,13,14,15 --out /models/l70
   shardsrv fetch --checkpoint glm-4.6 --layout vllm --tp 8 --rank all --ep --enable-eplb --num-redundant-experts 32 \
     --out /models/glm-4.6-ep8
+  shardsrv fetch --checkpoint qwen3-30b-a3b --layout sglang --tp 8 --rank all --dp 2 --enable-dp-attention \
+    --ep-size 8 --out /models/qwen3-30b-a3b-sglang
+  python -m sglang.launch_server --model-path /models/qwen3-30b-a3b-sglang --load-format sharded_state \
+    --tp-size 8 --dp-size 2 --enable-dp-attention --ep-size 8
   shardsrv fetch --checkpoint qwen2-moe-tiny --small-files --out /models/qwen2-moe-tiny
 `
 
@@ -634,11 +649,11 @@ func fetched(stderr io.Writer, what string, got api.Fetched, took time.Duration)
 // a time, then the small files, so that a directory holding config.json is complete.
 func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlags, dir string, parallel int,
 	stderr io.Writer) error {
-	if lf.engine != string(api.Vllm) {
-		// The directory is vLLM's sharded_state; another engine's rank is a request to fetch.
+	if lf.engine != string(api.Vllm) && lf.engine != string(api.Sglang) {
+		// The directory is vLLM's or SGLang's sharded_state; another engine's rank is a request to fetch.
 		return fmt.Errorf(
-			"fetch: --out DIR writes vLLM's sharded_state, not a %s checkpoint; fetch another engine's rank "+
-				"with 'shardsrv layout --engine %[1]s' and --request",
+			"fetch: --out DIR writes vLLM's or SGLang's sharded_state, not a %s checkpoint; fetch another "+
+				"engine's rank with 'shardsrv layout --engine %[1]s' and --request",
 			lf.engine,
 		)
 	}
@@ -660,7 +675,7 @@ func fetchLayout(ctx context.Context, c *api.Client, ckpt string, lf *layoutFlag
 		l := lf.layout(r)
 		st := api.Safetensors
 		req := &api.ShardRequest{Checkpoint: ckpt, Format: &st, Layout: &l}
-		// vLLM's ShardedStateLoader reads model-rank-{tp rank}-part-{part}.safetensors.
+		// vLLM's and SGLang's ShardedStateLoader read model-rank-{tp rank}-part-{part}.safetensors.
 		name := fmt.Sprintf("model-rank-%d-part-0.safetensors", r)
 		g.Go(func() error {
 			start := time.Now()
@@ -874,9 +889,10 @@ func planCmd(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-const layoutUsage = `Usage: shardsrv layout --checkpoint NAME [--engine vllm] [--engine-version LINE] --tp N --rank R
-                       [--dp N --dp-rank R --ep] [--prefill-context-parallel-size N --pcp-rank R]
+const layoutUsage = `Usage: shardsrv layout --checkpoint NAME [--engine vllm|sglang|megatron] [--engine-version LINE]
+                       --tp N --rank R [--dp N --dp-rank R --ep] [--prefill-context-parallel-size N --pcp-rank R]
                        [--enable-eplb] [--num-redundant-experts N] [--expert-placement-strategy STRATEGY]
+                       [--enable-dp-attention] [--ep-size N]
                        [--dtype DTYPE] [--format json|table] [--check MANIFEST.json]
 
 Prints the tensors an inference engine holds on one rank, as the server lays them out from the
@@ -890,7 +906,8 @@ placement) take vLLM's own flag names, so a deployment's flags carry over; each 
 the server as the layout field of the same name, unchecked here. What vLLM refuses the server
 refuses, with the field it points at: a redundant expert without --enable-eplb, EPLB without --ep
 or for a model vLLM does not balance, PCP with --dp above 1, any of them set on --engine-version
-0.10, which has none of them.
+0.10, which has none of them. SGLang's options (--enable-dp-attention with --dp, --ep-size) go
+the same way with --engine sglang; an engine refuses the other engine's options.
 --check compares the table with a manifest a live engine dumped for the same rank (a JSON list of
 {name, shape, dtype}; clients/python's shardsrv.manifest writes it), prints every difference, and
 fails if there is one: how to learn, before any weights move, that a release renamed a tensor.
@@ -901,6 +918,7 @@ Examples:
   shardsrv layout --checkpoint glm-4.6 --tp 4 --rank 3 --ep --enable-eplb --num-redundant-experts 16 --format table
   shardsrv layout --checkpoint deepseek-v3 --tp 8 --rank 0 --ep --expert-placement-strategy round_robin
   shardsrv layout --checkpoint qwen3-30b-a3b --tp 2 --rank 1 --prefill-context-parallel-size 2 --pcp-rank 1 --ep
+  shardsrv layout --checkpoint qwen3-30b-a3b --engine sglang --tp 8 --rank 5 --dp 2 --enable-dp-attention --ep-size 4
 `
 
 // layoutCmd: shardsrv layout --checkpoint NAME --engine vllm --tp N --rank R

@@ -147,7 +147,8 @@ func TestLayoutCommand(t *testing.T) {
 		{"--checkpoint", example.Name, "--format", "yaml"},         // no such format
 		{"--checkpoint", example.Name, "--rank", "all"},            // one rank only
 		{"llama", "--checkpoint", example.Name},                    // presets are gone
-		{"--checkpoint", example.Name, "--engine", "sglang"},       // not an engine the server knows
+		{"--checkpoint", example.Name, "--engine", "sglang"},       // SGLang's Qwen2-MoE is not laid out
+		{"--checkpoint", example.Name, "--engine", "tensorrt"},     // not an engine the server knows
 		{"--checkpoint", example.Name, "--tp", "2", "--rank", "2"}, // out of range
 	} {
 		if err := layoutCmd(append([]string{"--server", url}, args...), &out, &errs); err == nil {

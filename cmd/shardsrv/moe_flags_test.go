@@ -19,13 +19,15 @@ import (
 )
 
 // moeCheckpoint is a DeepSeek-V3 checkpoint whose experts vLLM balances (EPLB) and groups (the
-// round-robin placement applies), written beside the example checkpoint in the live server's store.
+// round-robin placement applies).
 const moeCheckpoint = "deepseekv3-wide"
 
-func putMoECheckpoint(t *testing.T, folder string) {
+// putCheckpoint writes vllmref's checkpoint variant beside the example checkpoint in the live
+// server's store, under the variant's name, and returns its config and tensors.
+func putCheckpoint(t *testing.T, folder, variant string) ([]byte, map[string]vllmref.Tensor) {
 	t.Helper()
-	cfg, tensors := vllmref.Checkpoint(moeCheckpoint, 7)
-	dir := filepath.Join(filepath.Dir(folder), moeCheckpoint)
+	cfg, tensors := vllmref.Checkpoint(variant, 7)
+	dir := filepath.Join(filepath.Dir(folder), variant)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +50,7 @@ func putMoECheckpoint(t *testing.T, folder string) {
 			t.Fatal(err)
 		}
 	}
+	return cfg, tensors
 }
 
 // TestLayoutPassesVLLMsMoEOptions: each of vLLM's MoE flags reaches the server as the layout field
@@ -56,7 +59,7 @@ func putMoECheckpoint(t *testing.T, folder string) {
 // 422, pointing at the field the flag set.
 func TestLayoutPassesVLLMsMoEOptions(t *testing.T) {
 	url, folder := live(t)
-	putMoECheckpoint(t, folder)
+	putCheckpoint(t, folder, moeCheckpoint)
 	c := api.NewClient(url)
 	i64 := func(v int64) *int64 { return &v }
 	yes := true
@@ -144,7 +147,7 @@ func TestLayoutPassesVLLMsMoEOptions(t *testing.T) {
 // rank file's record keeps the request), and each rank file holds that layout's tensors.
 func TestFetchSendsVLLMsMoEOptions(t *testing.T) {
 	url, folder := live(t)
-	putMoECheckpoint(t, folder)
+	putCheckpoint(t, folder, moeCheckpoint)
 	dir := filepath.Join(t.TempDir(), "out")
 	var errs bytes.Buffer
 	if err := fetch([]string{"--server", url, "--checkpoint", moeCheckpoint, "--layout", "vllm", "--tp", "2",
