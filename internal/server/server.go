@@ -541,71 +541,15 @@ func (s *Server) PostPlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	plan := res.Plan
-	// The report is built and encoded whole: charge it too, at about reportEntryBytes a read or
-	// piece (the Go values and their JSON).
-	var entries int64
-	for _, it := range plan.Items {
-		entries += int64(len(it.Pieces))
-	}
-	cost := (entries + plan.ReadRequests) * reportEntryBytes
+	// The report is built and encoded whole: charge it too.
+	cost := res.Plan.ReportBytes()
 	giveBack, err := s.cfg.Budget.Reserve(ctx, cost)
 	if err != nil {
 		writeProblem(w, r, toProblem(err))
 		return
 	}
 	defer giveBack(cost)
-	writeJSON(w, planResponse(plan))
-}
-
-// reportEntryBytes is what one read or piece of a /v1/plan report takes while it is built and
-// encoded: its Go value and about 60 bytes of JSON.
-const reportEntryBytes = 200
-
-func planResponse(p *planner.Plan) api.PlanResponse {
-	resp := api.PlanResponse{
-		Summary: api.PlanSummary{
-			OutputBytes:  p.BodyBytes,
-			NeededBytes:  p.NeededBytes,
-			ReadBytes:    p.ReadBytes,
-			ReadRequests: p.ReadRequests,
-		},
-	}
-	boxes := []int{} // boxes per tensor, in request order; items are in body order
-	for _, it := range p.Items {
-		for len(boxes) <= it.Tensor {
-			boxes = append(boxes, 0)
-		}
-		boxes[it.Tensor] = max(boxes[it.Tensor], it.Box+1)
-	}
-	resp.Tensors = make([]api.TensorPlan, len(boxes))
-	for i, n := range boxes {
-		resp.Tensors[i].Boxes = make([]api.BoxPlan, n)
-	}
-	for _, it := range p.Items {
-		box := api.BoxPlan{
-			Offsets:      it.Offsets,
-			Lengths:      it.Lengths,
-			OutputOffset: it.Output,
-			OutputBytes:  it.Bytes,
-			Pieces:       []api.PiecePlan{},
-			Reads:        []api.ReadPlan{},
-		}
-		for _, pc := range it.Pieces {
-			mode := api.Gather
-			if pc.Direct {
-				mode = api.Direct
-			}
-			box.Pieces = append(box.Pieces,
-				api.PiecePlan{Block: pc.Block, Source: pc.Source, Offsets: pc.Offsets, Lengths: pc.Lengths, Mode: mode})
-		}
-		for _, rd := range it.Reads() {
-			box.Reads = append(box.Reads, api.ReadPlan{File: rd.Key, Offset: rd.Offset, Length: rd.Length})
-		}
-		resp.Tensors[it.Tensor].Name = it.Name
-		resp.Tensors[it.Tensor].Boxes[it.Box] = box
-	}
-	return resp
+	writeJSON(w, res.Plan.Report())
 }
 
 // ListCheckpoints lists the checkpoints in the store.
