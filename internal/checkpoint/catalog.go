@@ -1,7 +1,8 @@
 // Package checkpoint is the catalog: it resolves a checkpoint name to its files
 // (model.safetensors.index.json's weight_map, or a single model.safetensors) and their tensors,
 // reading only the header bytes of each file, and caches what it read per file version; it also
-// remembers, per file version, the bytes reads found corrupt (KnownCorrupt).
+// remembers, per file version, the bytes reads found corrupt (KnownCorrupt), and whether its store
+// answered the last readiness check (Check).
 package checkpoint
 
 import (
@@ -119,6 +120,7 @@ type Catalog struct {
 	headers *lru.Cache[string, *safetensors.Header] // by key + "@" + version
 	opened  *lru.Cache[string, *opened]             // by checkpoint name
 	corrupt *corruptions
+	reach   reachability // what the last Check learned of the store
 }
 
 type opened struct {
@@ -138,9 +140,6 @@ func New(s store.Store) *Catalog {
 // ChargeTo makes the catalog hold the memory of the metadata it reads (the index) against a
 // budget while it reads it.
 func (c *Catalog) ChargeTo(r Reserve) { c.reserve = r }
-
-// Check reports whether the store can be read at all (readiness): nil, or why not.
-func (c *Catalog) Check(ctx context.Context) error { return c.store.Check(ctx) }
 
 // Open resolves a checkpoint. A cached resolution is served for Revalidate; then a Stat of its
 // index (or single file) and of each data file checks that it is current, and one that is not is

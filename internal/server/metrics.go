@@ -69,7 +69,7 @@ func newMetrics(mp metric.MeterProvider, s *Server) *metrics {
 			o.ObserveInt64(inFlight, s.cfg.Budget.Held())
 		}
 		up := int64(0)
-		if s.store.reachable() {
+		if s.cfg.Catalog.Reachable() {
 			up = 1
 		}
 		o.ObserveInt64(reachable, up)

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -13,35 +12,6 @@ import (
 // than the blips object stores have (a throttled or restarting endpoint), so that one blip does not
 // take every replica out of its Service, and its peer ring, at once.
 const DefaultStoreGrace = 30 * time.Second
-
-// storeState is what /readyz last learned of the store: since when it has been unreachable (zero
-// while reachable) and why.
-type storeState struct {
-	mu        sync.Mutex
-	downSince time.Time
-	err       error
-}
-
-// observe records a check's outcome and returns how long the store has been unreachable.
-func (st *storeState) observe(err error, now time.Time) time.Duration {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.err = err
-	if err == nil {
-		st.downSince = time.Time{}
-		return 0
-	}
-	if st.downSince.IsZero() {
-		st.downSince = now
-	}
-	return now.Sub(st.downSince)
-}
-
-func (st *storeState) reachable() bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.err == nil
-}
 
 // Readyz answers 200 unless the server drains or cannot serve: its store has been unreachable for
 // longer than StoreGrace and no cache holds chunks to serve from (with a cache the replica stays
@@ -54,8 +24,7 @@ func (s *Server) Readyz(w http.ResponseWriter, r *http.Request, params api.Ready
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
-	err := s.cfg.Catalog.Check(ctx)
-	down := s.store.observe(err, time.Now())
+	down, err := s.cfg.Catalog.Check(ctx)
 	if err != nil && down >= s.cfg.StoreGrace && s.cfg.Cluster == nil {
 		writeProblem(w, r, newProblem("not-ready",
 			"for "+down.Round(time.Second).String()+" (no cache to serve from): "+err.Error()))

@@ -163,7 +163,6 @@ type Server struct {
 	resolver *resolve.Resolver
 	streams  chan struct{}
 	draining atomic.Bool
-	store    storeState // what /readyz last learned of the store
 }
 
 var _ gen.ServerInterface = (*Server)(nil)
