@@ -1,8 +1,9 @@
 // Package checkpoint is the catalog: it resolves a checkpoint name to its files
 // (model.safetensors.index.json's weight_map, or a single model.safetensors) and their tensors,
-// reading only the header bytes of each file, and caches what it read per file version; it also
-// remembers, per file version, the bytes reads found corrupt (KnownCorrupt), and whether its store
-// answered the last readiness check (Check).
+// reading only the header bytes of each file, and caches what it read per file version, with what
+// is derived from a resolution (its tensor listing, Listing); it also remembers, per file version,
+// the bytes reads found corrupt (KnownCorrupt), and whether its store answered the last readiness
+// check (Check).
 package checkpoint
 
 import (
@@ -67,19 +68,16 @@ type Tensor struct {
 }
 
 // Checkpoint is a resolved checkpoint. A resolution is immutable: a checkpoint that changes is
-// resolved again into a new Checkpoint, so what is derived from one (Memo) is per version.
+// resolved again into a new Checkpoint, so what is derived from one (Names, Listing) is per
+// version.
 type Checkpoint struct {
 	Name    string
 	Tensors map[string]*Tensor
 
-	namesOnce sync.Once
-	names     []string
-	memo      sync.Map // key → *memoEntry
-}
-
-type memoEntry struct {
-	once sync.Once
-	v    any
+	namesOnce   sync.Once
+	names       []string
+	listingOnce sync.Once
+	listing     *Listing
 }
 
 // Names returns the tensor names, sorted; the slice is shared and must not be modified.
@@ -93,16 +91,6 @@ func (c *Checkpoint) Names() []string {
 		c.names = names
 	})
 	return c.names
-}
-
-// Memo returns the value build makes for key, building it once for this resolution: what is
-// derived from a checkpoint (such as the JSON of its tensor listing) is cached for as long as this
-// version of it is the one the catalog serves, and dropped with it.
-func (c *Checkpoint) Memo(key any, build func() any) any {
-	e, _ := c.memo.LoadOrStore(key, &memoEntry{})
-	m := e.(*memoEntry)
-	m.once.Do(func() { m.v = build() })
-	return m.v
 }
 
 // Catalog resolves checkpoints over a store.

@@ -17,10 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"sort"
 	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -569,44 +566,7 @@ func (s *Server) ListCheckpoints(w http.ResponseWriter, r *http.Request) {
 const (
 	defaultTensorPage = 10_000
 	maxTensorPage     = 100_000
-	listingChunkLen   = 1024 // entries encoded at once, on first use
 )
-
-// tensorListing is the JSON of a checkpoint's TensorInfo entries in name order, encoded a chunk at a
-// time on first use and kept with the resolution (one per checkpoint version).
-type tensorListing struct {
-	names  []string
-	chunks []listingChunk
-}
-
-type listingChunk struct {
-	once sync.Once
-	json []byte
-	ends []int // entry j of the chunk is json[ends[j-1]:ends[j]]
-}
-
-type listingKey struct{}
-
-func (l *tensorListing) entry(ck *checkpoint.Checkpoint, i int) []byte {
-	c := &l.chunks[i/listingChunkLen]
-	c.once.Do(func() {
-		lo := i / listingChunkLen * listingChunkLen
-		for _, name := range l.names[lo:min(lo+listingChunkLen, len(l.names))] {
-			t := ck.Tensors[name]
-			b, _ := json.Marshal(api.TensorInfo{
-				Name: name, Dtype: t.DTypeName, Shape: t.Shape, File: strings.TrimPrefix(t.Key, ck.Name+"/"),
-			})
-			c.json = append(c.json, b...)
-			c.ends = append(c.ends, len(c.json))
-		}
-	})
-	j := i % listingChunkLen
-	from := 0
-	if j > 0 {
-		from = c.ends[j-1]
-	}
-	return c.json[from:c.ends[j]]
-}
 
 // ListTensors lists a page of a checkpoint's tensors.
 func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.ListTensorsParams) {
@@ -633,18 +593,12 @@ func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.
 		writeProblem(w, r, toProblem(err))
 		return
 	}
-	l := ck.Memo(listingKey{}, func() any {
-		names := ck.Names()
-		return &tensorListing{names: names, chunks: make([]listingChunk, (len(names)+listingChunkLen-1)/listingChunkLen)}
-	}).(*tensorListing)
+	l := ck.Listing()
 	start := 0
 	if params.PageToken != nil && *params.PageToken != "" {
-		start = sort.SearchStrings(l.names, after)
-		if start < len(l.names) && l.names[start] == after {
-			start++
-		}
+		start = l.After(after)
 	}
-	end := min(start+limit, len(l.names))
+	end := min(start+limit, l.Len())
 	name, _ := json.Marshal(ck.Name)
 	w.Header().Set("Content-Type", "application/json")
 	bw := bufio.NewWriterSize(w, 64<<10)
@@ -655,11 +609,11 @@ func (s *Server) ListTensors(w http.ResponseWriter, r *http.Request, params api.
 		if i > start {
 			bw.WriteByte(',')
 		}
-		bw.Write(l.entry(ck, i))
+		bw.Write(l.Entry(i))
 	}
 	bw.WriteByte(']')
-	if end < len(l.names) {
-		bw.WriteString(`,"next_page_token":"` + base64.RawURLEncoding.EncodeToString([]byte(l.names[end-1])) + `"`)
+	if end < l.Len() {
+		bw.WriteString(`,"next_page_token":"` + base64.RawURLEncoding.EncodeToString([]byte(l.Name(end-1))) + `"`)
 	}
 	bw.WriteString("}\n")
 	bw.Flush()
