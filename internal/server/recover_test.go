@@ -15,7 +15,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/server"
+	"github.com/shardsrv/shardsrv/internal/store"
 )
 
 // TestPanicIsA500Problem: a handler's panic is answered with a 500 problem carrying the request
@@ -23,9 +25,14 @@ import (
 func TestPanicIsA500Problem(t *testing.T) {
 	logs := &syncBuffer{}
 	reader := sdkmetric.NewManualReader()
+	st, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := server.New(server.Config{
-		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
-		Meter:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Catalog: checkpoint.New(st), // its store's reachability is a gauge of every collection
+		Logger:  slog.New(slog.NewJSONHandler(logs, nil)),
+		Meter:   sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 	})
 	ts := httptest.NewServer(srv.HandlerPanickingAt("/boom", "index out of range", ""))
 	t.Cleanup(ts.Close)

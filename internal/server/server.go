@@ -44,7 +44,7 @@ import (
 
 // Config is what the server is built from.
 type Config struct {
-	Catalog  *checkpoint.Catalog
+	Catalog  *checkpoint.Catalog // required: the routes and the store.reachable gauge read it
 	Executor *executor.Executor
 	// Budget is the process's memory budget, the executor's too: bodies, plans and /v1/plan reports
 	// are held against it (nil: a budget of budget.DefaultBytes).
