@@ -1,17 +1,16 @@
-// Package layout builds tensors of shard requests for the layouts inference engines hold, one
-// tensor at a time: fused QKV (vLLM's rank-major and the per-KV-group interleave of Megatron and
-// torchtitan), fused gate/up, stacked MoE experts with an expert-parallel split, the RoPE
-// permutation between Hugging Face and Meta layouts, and column-, row- and vocabulary-parallel
-// splits. Builders take the checkpoint's tensor shapes (GET /v1/tensors) and describe the whole
-// destination tensor, with the boxes of one rank.
+// Package layout holds engine-agnostic builders for clients that write their own tables, one
+// tensor at a time: replicated tensors, column- and row-parallel splits, q/k/v fused per KV group
+// (the interleave of Megatron, torchtitan and hyper_parallel), gate and up fused rank-major,
+// stacked MoE experts with an expert-parallel split, and the RoPE permutation between Hugging Face
+// and Meta layouts. Builders take the checkpoint's tensor shapes (GET /v1/tensors) and describe
+// the whole destination tensor, with the boxes of one rank.
 //
-// For a whole model as an engine holds it, do not assemble builders: send the server a layout
-// (api.ShardRequest.Layout, or Client.Layout for the table it expands to). The server reads the
-// checkpoint's config.json and knows each architecture's rules, so there is one source of truth.
+// An engine's own rules (vLLM's rank-major QKV, its gate_up_proj and padded vocabulary, every
+// architecture's names) are the server's alone: send it a layout (api.ShardRequest.Layout), or
+// ask POST /v1/layouts (Client.Layout) for the table it expands to, and edit that.
 package layout
 
 import (
-	"encoding/json"
 	"fmt"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -122,30 +121,6 @@ func RowParallel(s Shapes, src, dst string, dtype api.DType, tp Rank) (api.Tenso
 	return split(s, src, dst, dtype, 1, tp)
 }
 
-// VocabPadding is what vLLM pads a vocabulary to a multiple of (DEFAULT_VOCAB_PADDING_SIZE in
-// vllm/model_executor/layers/vocab_parallel_embedding.py) before dividing it by TP.
-const VocabPadding = 64
-
-// VocabParallel splits an embedding or LM head [vocab, hidden] by rows as vLLM's
-// VocabParallelEmbedding does: the vocabulary is padded to a multiple of VocabPadding, then divided
-// by TP (it is an error when that does not divide); padding rows are zeros.
-func VocabParallel(s Shapes, src, dst string, dtype api.DType, tp Rank) (api.TensorRequest, error) {
-	sh, err := s.shape(src, 2)
-	if err != nil {
-		return api.TensorRequest{}, err
-	}
-	padded := (sh[0] + VocabPadding - 1) / VocabPadding * VocabPadding
-	if err := tp.check("padded vocabulary", padded); err != nil {
-		return api.TensorRequest{}, err
-	}
-	per := padded / tp.Size
-	zero := json.Number("0")
-	t := tensor(dst, dtype, []int64{padded, sh[1]}, []api.Block{rowBlock(src, 0, 0, sh[0], sh[1])},
-		api.Box{Offsets: []int64{tp.Index * per, 0}, Lengths: []int64{per, sh[1]}})
-	t.Fill = &zero
-	return t, nil
-}
-
 // Heads describes attention: the head dimension and, read off the shapes, the head counts.
 type Heads struct {
 	Q, KV, Dim, Hidden int64
@@ -165,49 +140,6 @@ func AttentionHeads(s Shapes, q, k string, headDim int64) (Heads, error) {
 		return Heads{}, fmt.Errorf("layout: %v and %v are not whole heads of %d", qs, ks, headDim)
 	}
 	return Heads{Q: qs[0] / headDim, KV: ks[0] / headDim, Dim: headDim, Hidden: qs[1]}, nil
-}
-
-// FusedQKV fuses q, k and v rank-major as vLLM's QKVParallelLinear holds them: rank r's rows are
-// [q_r; k_r; v_r]. With more ranks than KV heads, KV heads are replicated: rank r holds KV head
-// r / (tp / kv).
-func FusedQKV(s Shapes, q, k, v, dst string, dtype api.DType, headDim int64, tp Rank) (api.TensorRequest, error) {
-	h, err := AttentionHeads(s, q, k, headDim)
-	if err != nil {
-		return api.TensorRequest{}, err
-	}
-	if err := tp.check("query heads", h.Q); err != nil {
-		return api.TensorRequest{}, err
-	}
-	kvLocal, replicas := h.KV/tp.Size, int64(1)
-	if tp.Size >= h.KV {
-		if tp.Size%h.KV != 0 {
-			return api.TensorRequest{}, fmt.Errorf(
-				"layout: %d ranks do not replicate %d KV heads evenly",
-				tp.Size,
-				h.KV,
-			)
-		}
-		kvLocal, replicas = 1, tp.Size/h.KV
-	} else if err := tp.check("KV heads", h.KV); err != nil {
-		return api.TensorRequest{}, err
-	}
-	qRows, kvRows := h.Q/tp.Size*h.Dim, kvLocal*h.Dim
-	per := qRows + 2*kvRows
-	var blocks []api.Block
-	for r := range tp.Size {
-		kvAt := r / replicas * kvRows
-		blocks = append(blocks,
-			rowBlock(q, r*per, r*qRows, qRows, h.Hidden),
-			rowBlock(k, r*per+qRows, kvAt, kvRows, h.Hidden),
-			rowBlock(v, r*per+qRows+kvRows, kvAt, kvRows, h.Hidden))
-	}
-	return tensor(
-		dst,
-		dtype,
-		[]int64{tp.Size * per, h.Hidden},
-		blocks,
-		api.Box{Offsets: []int64{tp.Index * per, 0}, Lengths: []int64{per, h.Hidden}},
-	), nil
 }
 
 // InterleavedQKV fuses q, k and v per KV group as Megatron, torchtitan and hyper_parallel hold
@@ -249,20 +181,6 @@ func gateUpShapes(s Shapes, gate, up string, tp Rank) (inter, hidden int64, err 
 	return gs[0], gs[1], tp.check("intermediate size", gs[0])
 }
 
-// GateUp fuses gate then up as vLLM's w13 (MergedColumnParallelLinear): the global tensor is
-// [gate; up], and rank r holds two boxes, its slab of each, so its bytes are [gate_r; up_r].
-func GateUp(s Shapes, gate, up, dst string, dtype api.DType, tp Rank) (api.TensorRequest, error) {
-	inter, hidden, err := gateUpShapes(s, gate, up, tp)
-	if err != nil {
-		return api.TensorRequest{}, err
-	}
-	per := inter / tp.Size
-	return tensor(dst, dtype, []int64{2 * inter, hidden},
-		[]api.Block{rowBlock(gate, 0, 0, inter, hidden), rowBlock(up, inter, 0, inter, hidden)},
-		api.Box{Offsets: []int64{tp.Index * per, 0}, Lengths: []int64{per, hidden}},
-		api.Box{Offsets: []int64{inter + tp.Index*per, 0}, Lengths: []int64{per, hidden}}), nil
-}
-
 // GateUpPerRank fuses gate and up as Megatron's linear_fc1 at TP > 1: the global tensor is
 // rank-major [gate_0; up_0; gate_1; up_1; ...] and rank r holds one box.
 func GateUpPerRank(s Shapes, gate, up, dst string, dtype api.DType, tp Rank) (api.TensorRequest, error) {
@@ -288,8 +206,8 @@ func GateUpPerRank(s Shapes, gate, up, dst string, dtype api.DType, tp Rank) (ap
 	), nil
 }
 
-// StackedExperts stacks per-expert tensors into [experts, ...] (torchtitan's grouped experts,
-// vLLM's w2); parts lists each expert's sources stacked along dim 1 (vLLM's w13: gate then up).
+// StackedExperts stacks per-expert tensors into [experts, ...] (torchtitan's grouped experts);
+// parts lists each expert's sources stacked along dim 1 (gate then up, say).
 // Rank r of the expert-parallel group holds experts [r*E/ep, (r+1)*E/ep).
 func StackedExperts(s Shapes, parts [][]string, dst string, dtype api.DType, ep Rank) (api.TensorRequest, error) {
 	experts := int64(len(parts))

@@ -106,21 +106,6 @@ func ok(t *testing.T) func(api.TensorRequest, error) api.TensorRequest {
 
 const attn = "model.layers.0.self_attn."
 
-func TestFusedQKVRankMajor(t *testing.T) {
-	f := newFixture(t)
-	q, k, v := attn+"q_proj.weight", attn+"k_proj.weight", attn+"v_proj.weight"
-	// 4 query heads, 2 KV heads of 16. TP=2, rank 1: its two query heads and its KV head.
-	got := f.fetch(t, ok(t)(layout.FusedQKV(f.shapes, q, k, v, "qkv", api.BF16, 16, layout.Rank{Size: 2, Index: 1})))
-	if want := cat(f.rows(q, 32, 64), f.rows(k, 16, 32), f.rows(v, 16, 32)); !bytes.Equal(got, want) {
-		t.Error("TP=2 rank 1 is not [q_1; k_1; v_1]")
-	}
-	// TP=4 > 2 KV heads: each KV head is replicated on two ranks; rank 3 holds KV head 1.
-	got = f.fetch(t, ok(t)(layout.FusedQKV(f.shapes, q, k, v, "qkv", api.BF16, 16, layout.Rank{Size: 4, Index: 3})))
-	if want := cat(f.rows(q, 48, 64), f.rows(k, 16, 32), f.rows(v, 16, 32)); !bytes.Equal(got, want) {
-		t.Error("TP=4 rank 3 is not [q head 3; k head 1; v head 1]")
-	}
-}
-
 func TestInterleavedQKV(t *testing.T) {
 	f := newFixture(t)
 	q, k, v := attn+"q_proj.weight", attn+"k_proj.weight", attn+"v_proj.weight"
@@ -141,14 +126,11 @@ func TestInterleavedQKV(t *testing.T) {
 	}
 }
 
-func TestGateUp(t *testing.T) {
+func TestGateUpPerRank(t *testing.T) {
 	f := newFixture(t)
 	gate, up := "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"
 	want := cat(f.rows(gate, 64, 128), f.rows(up, 64, 128))
 	r := layout.Rank{Size: 2, Index: 1}
-	if got := f.fetch(t, ok(t)(layout.GateUp(f.shapes, gate, up, "w13", api.BF16, r))); !bytes.Equal(got, want) {
-		t.Error("vLLM's w13 rank 1 is not [gate_1; up_1]")
-	}
 	if got := f.fetch(t, ok(t)(layout.GateUpPerRank(f.shapes, gate, up, "fc1", api.BF16, r))); !bytes.Equal(got, want) {
 		t.Error("Megatron's fc1 rank 1 is not [gate_1; up_1]")
 	}
@@ -211,57 +193,5 @@ func TestParallelSplits(t *testing.T) {
 		ok(t)(layout.ColumnParallel(f.shapes, o, "o", api.BF16, layout.Rank{Size: 4, Index: 2})),
 	); !bytes.Equal(got, f.rows(o, 32, 48)) {
 		t.Error("column-parallel rank 2 of 4 is not rows [32, 48)")
-	}
-	// vLLM's rule: a vocabulary of 256 (a multiple of 64) over 2 ranks is 128 rows each.
-	emb := "model.embed_tokens.weight"
-	if got := f.fetch(
-		t,
-		ok(t)(layout.VocabParallel(f.shapes, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1})),
-	); !bytes.Equal(got, f.rows(emb, 128, 256)) {
-		t.Error("vocab-parallel rank 1 of 2 is not rows [128, 256)")
-	}
-	// Padded to 64, not to 64 x TP: 3 ranks do not divide 256 rows.
-	if _, err := layout.VocabParallel(f.shapes, emb, "e", api.BF16, layout.Rank{Size: 3, Index: 1}); err == nil {
-		t.Error("3 ranks cannot split a padded vocabulary of 256")
-	}
-	// 100 rows pad to 128: rank 1 of 2 holds rows [64, 128), of which [100, 128) are zeros.
-	got = f.fetch(
-		t,
-		ok(t)(layout.VocabParallel(layout.Shapes{emb: {100, 64}}, emb, "e", api.BF16, layout.Rank{Size: 2, Index: 1})),
-	)
-	if want := cat(f.rows(emb, 64, 100), make([]byte, 28*64*2)); !bytes.Equal(got, want) {
-		t.Error("vocab-parallel padding rows are zeros")
-	}
-}
-
-// TestVocabParallelFollowsVLLM checks the rows per rank vLLM holds for real vocabularies
-// (pad_vocab_size to 64, then divide by TP), which Megatron's 64 x TP rule gets wrong.
-func TestVocabParallelFollowsVLLM(t *testing.T) {
-	for _, c := range []struct{ vocab, tp, perRank int64 }{
-		{128256, 8, 16032}, // Llama-3
-		{32000, 8, 4000},   // Llama-2
-		{151936, 4, 37984}, // Qwen2
-		{1100, 2, 576},     // padded to 1152
-	} {
-		s := layout.Shapes{"e": {c.vocab, 16}}
-		for r := range c.tp {
-			tr, err := layout.VocabParallel(s, "e", "e", api.BF16, layout.Rank{Size: c.tp, Index: r})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if box := tr.Boxes[0]; box.Lengths[0] != c.perRank || box.Offsets[0] != r*c.perRank ||
-				tr.Shape[0] != c.tp*c.perRank {
-				t.Errorf(
-					"vocab %d TP %d rank %d: box %v of %v, want %d rows at %d",
-					c.vocab,
-					c.tp,
-					r,
-					box,
-					tr.Shape,
-					c.perRank,
-					r*c.perRank,
-				)
-			}
-		}
 	}
 }

@@ -349,7 +349,8 @@ func must(err error) {
 	}
 }
 
-// fusedQKV is rank's box of vLLM's rank-major fused QKV at TP=8 (api/layout).
+// fusedQKV is rank's box of the fused QKV at TP=8: with one KV head a rank, each rank's KV group
+// (api/layout's interleave, [q_r; k_r; v_r]) is what vLLM's rank-major QKV holds too.
 func fusedQKV(rank int64) api.ShardRequest {
 	const p = "model.layers.0.self_attn."
 	shapes := layout.Shapes{
@@ -357,16 +358,8 @@ func fusedQKV(rank int64) api.ShardRequest {
 		p + "k_proj.weight": {kvRows, hidden},
 		p + "v_proj.weight": {kvRows, hidden},
 	}
-	t, err := layout.FusedQKV(
-		shapes,
-		p+"q_proj.weight",
-		p+"k_proj.weight",
-		p+"v_proj.weight",
-		p+"qkv_proj.weight",
-		api.BF16,
-		128,
-		layout.Rank{Size: tpRanks, Index: rank},
-	)
+	t, err := layout.InterleavedQKV(shapes, p+"q_proj.weight", p+"k_proj.weight", p+"v_proj.weight",
+		p+"qkv_proj.weight", api.BF16, 128, layout.Rank{Size: tpRanks, Index: rank})
 	must(err)
 	return api.ShardRequest{Checkpoint: "llama-layer", Tensors: []api.TensorRequest{t}}
 }

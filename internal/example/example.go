@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/api/layout"
+	"github.com/shardsrv/shardsrv/internal/engine"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
@@ -52,8 +53,8 @@ func bf16Tensor(name string, r *rand.Rand, shape ...int64) safetensors.TensorDat
 	return safetensors.TensorData{Name: name, DType: "BF16", Shape: shape, Data: data}
 }
 
-// Generate writes the checkpoint under dir/Name and the example requests under dir/../requests.
-func Generate(dir string) (requests []string, err error) {
+// files are the checkpoint's two files, each the tensors it holds, drawn from one seed.
+func files() [][]safetensors.TensorData {
 	r := rand.New(rand.NewPCG(7, 7))
 	attn := func(l int) []safetensors.TensorData {
 		p := fmt.Sprintf("model.layers.%d.", l)
@@ -89,13 +90,17 @@ func Generate(dir string) (requests []string, err error) {
 		bf16Tensor("model.layers.1.mlp.shared_expert.up_proj.weight", r, SharedInter, Hidden),
 		bf16Tensor("model.layers.1.mlp.shared_expert.down_proj.weight", r, Hidden, SharedInter),
 		bf16Tensor("model.layers.1.mlp.shared_expert_gate.weight", r, 1, Hidden))
+	return [][]safetensors.TensorData{file1, file2}
+}
 
+// Generate writes the checkpoint under dir/Name and the example requests under dir/../requests.
+func Generate(dir string) (requests []string, err error) {
 	ckdir := filepath.Join(dir, Name)
 	if err := os.MkdirAll(ckdir, 0o755); err != nil {
 		return nil, err
 	}
 	index := map[string]any{"metadata": map[string]any{"total_size": 0}, "weight_map": map[string]string{}}
-	for i, f := range [][]safetensors.TensorData{file1, file2} {
+	for i, f := range files() {
 		name := fmt.Sprintf("model-%05d-of-00002.safetensors", i+1)
 		var buf bytes.Buffer
 		if err := safetensors.Write(&buf, f, map[string]string{"format": "pt"}); err != nil {
@@ -195,55 +200,57 @@ func writeJSON(path string, v any) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// shapes are the example checkpoint's tensor shapes, as GET /v1/tensors would list them.
+// shapes are the example checkpoint's tensor shapes, as GET /v1/tensors lists them.
 func shapes() layout.Shapes {
 	s := layout.Shapes{}
-	for l := range 2 {
-		p := fmt.Sprintf("model.layers.%d.self_attn.", l)
-		s[p+"q_proj.weight"] = []int64{Heads * HeadDim, Hidden}
-		s[p+"k_proj.weight"] = []int64{KVHeads * HeadDim, Hidden}
-		s[p+"v_proj.weight"] = []int64{KVHeads * HeadDim, Hidden}
+	for _, f := range files() {
+		for _, t := range f {
+			s[t.Name] = t.Shape
+		}
 	}
-	for e := range Experts {
-		p := fmt.Sprintf("model.layers.1.mlp.experts.%d.", e)
-		s[p+"gate_proj.weight"] = []int64{ExpertInter, Hidden}
-		s[p+"up_proj.weight"] = []int64{ExpertInter, Hidden}
-	}
-	s["model.norm.weight"] = []int64{Hidden}
 	return s
 }
 
-// Requests are the example requests, by file name: rank 1 of a TP=2 fused QKV as vLLM holds it,
-// expert-parallel rank 0 of 2 of layer 1's stacked gate and up projections (vLLM's w13) in the
-// safetensors format, and the final norm widened to F32.
+// vllmTensor is tensor name as TP rank rank of tp holds it in vLLM: taken from the server's own
+// vLLM layout of the example (internal/engine, what POST /v1/layouts answers).
+func vllmTensor(name string, tp, rank int64) api.TensorRequest {
+	config, err := json.Marshal(Config())
+	if err != nil {
+		panic(err)
+	}
+	infos := map[string]engine.TensorInfo{}
+	for _, f := range files() {
+		for _, t := range f {
+			infos[t.Name] = engine.TensorInfo{DType: t.DType, Shape: t.Shape}
+		}
+	}
+	spec := engine.Spec{Engine: "vllm", Parallel: engine.Parallel{TP: tp, TPRank: rank, DP: 1, PCP: 1}}
+	table, err := engine.Build(spec, config, infos)
+	if err != nil {
+		panic(err) // the checkpoint is this package's own
+	}
+	for _, t := range table.Tensors {
+		if t.Name == name {
+			return t
+		}
+	}
+	panic("example: vLLM's layout holds no " + name)
+}
+
+// Requests are the example requests, by file name: rank 1 of a TP=2 fused QKV as vLLM holds it
+// (vLLM's layout, vllmTensor), and two built with api/layout's generic builders: expert-parallel
+// rank 0 of 2 of layer 1's stacked gate and up projections in the safetensors format, and the final
+// norm widened to F32.
 func Requests() map[string]api.ShardRequest {
 	s := shapes()
-	const p = "model.layers.0.self_attn."
-	qkv, err := layout.FusedQKV(
-		s,
-		p+"q_proj.weight",
-		p+"k_proj.weight",
-		p+"v_proj.weight",
-		p+"qkv_proj.weight",
-		api.BF16,
-		HeadDim,
-		layout.Rank{Size: 2, Index: 1},
-	)
-	if err != nil {
-		panic(err) // the shapes are this package's constants
-	}
+	qkv := vllmTensor("model.layers.0.self_attn.qkv_proj.weight", 2, 1)
 	var parts [][]string
 	for e := range Experts {
 		ex := fmt.Sprintf("model.layers.1.mlp.experts.%d.", e)
 		parts = append(parts, []string{ex + "gate_proj.weight", ex + "up_proj.weight"})
 	}
-	w13, err := layout.StackedExperts(
-		s,
-		parts,
-		"model.layers.1.mlp.experts.w13_weight",
-		api.BF16,
-		layout.Rank{Size: 2, Index: 0},
-	)
+	w13, err := layout.StackedExperts(s, parts, "model.layers.1.mlp.experts.w13_weight", api.BF16,
+		layout.Rank{Size: 2, Index: 0})
 	if err != nil {
 		panic(err)
 	}

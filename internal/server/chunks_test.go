@@ -28,8 +28,9 @@ func TestChunksFitTheReads(t *testing.T) {
 	c.g.Put(t, c.bucket, "layer/model.safetensors", file.Bytes())
 	shapes := layout.Shapes{p + "q_proj.weight": {hidden, hidden}, p + "k_proj.weight": {kv, hidden},
 		p + "v_proj.weight": {kv, hidden}}
+	// One KV head a rank: each rank's KV group, [q_r; k_r; v_r], is also vLLM's rank-major rank r.
 	rank := func(r int64) *api.ShardRequest {
-		tr, err := layout.FusedQKV(shapes, p+"q_proj.weight", p+"k_proj.weight", p+"v_proj.weight",
+		tr, err := layout.InterleavedQKV(shapes, p+"q_proj.weight", p+"k_proj.weight", p+"v_proj.weight",
 			p+"qkv_proj.weight", api.BF16, 128, layout.Rank{Size: tp, Index: r})
 		if err != nil {
 			t.Fatal(err)
