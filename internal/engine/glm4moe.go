@@ -72,10 +72,10 @@ func glm4MoE(m *model) error {
 	})
 }
 
-// glm4Attention checks that the checkpoint holds what the config makes vLLM build: the decoder
-// lays out q/k/v biases and q/k norms where the checkpoint has them, and vLLM builds them where
-// attention_bias and use_qk_norm say, so a checkpoint lacking them would leave parameters the
-// table does not hold.
+// glm4Attention checks that the checkpoint agrees with what the config makes vLLM build: the
+// decoder lays out q/k/v biases where the checkpoint has them and q/k norms where use_qk_norm
+// says, and vLLM builds both where attention_bias and use_qk_norm say, so a disagreement would
+// leave parameters the table does not hold or serve tensors the model has no place for.
 func (m *model) glm4Attention() error {
 	at := "model.layers.0.self_attn."
 	for _, c := range []struct{ key, tensor string }{

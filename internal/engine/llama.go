@@ -48,6 +48,20 @@ func (m *model) attentionShape() (heads, kvHeads, headDim int64, err error) {
 	return
 }
 
+// qkNorm reports whether the architecture's attention holds per-head q_norm and k_norm: Qwen3's
+// and Qwen3-MoE's build them unconditionally (Qwen3Attention, Qwen3MoeAttention in vLLM's and
+// SGLang's qwen3.py / qwen3_moe.py), so a checkpoint without them is refused rather than served a
+// table the loader would find short; GLM-4.x builds them where use_qk_norm says.
+func (m *model) qkNorm() bool {
+	switch m.cfg.architecture() {
+	case "Qwen3ForCausalLM", "Qwen3MoeForCausalLM":
+		return true
+	case "Glm4MoeForCausalLM":
+		return m.cfg.bool("use_qk_norm")
+	}
+	return false
+}
+
 // decoder lays out embeddings, layers and head around a per-layer MLP, with Llama's attention.
 func (m *model) decoder(mlp func(i int64, pre string) error) error {
 	heads, kvHeads, headDim, err := m.attentionShape()
@@ -74,11 +88,9 @@ func (m *model) decoder(mlp func(i int64, pre string) error) error {
 			if err := m.attentionScales(at+"attn.", at); err != nil {
 				return err
 			}
-			for _, norm := range []string{"q_norm.weight", "k_norm.weight"} { // Qwen3Attention
-				if m.has(at + norm) {
-					if err := m.norm(at + norm); err != nil {
-						return err
-					}
+			if m.qkNorm() {
+				if err := m.norm(at+"q_norm.weight", at+"k_norm.weight"); err != nil {
+					return err
 				}
 			}
 			if err := mlp(i, pre); err != nil {

@@ -130,8 +130,8 @@ func (m *model) sglangDPAttention() {
 // something else: quantized checkpoints, DP attention over a TP group it does not divide, an EP
 // size that does not divide TP, a vocabulary other than config.json's, attention biases other than
 // the config builds (SGLang builds them from the config, and the loader refuses a key the model
-// lacks), Qwen3's q/k norms missing (its attention always builds them), and for a dense MLP an
-// activation other than SiLU.
+// lacks), and for a dense MLP an activation other than SiLU. Qwen3's q/k norms, which its
+// attention always builds, the decoder requires (qkNorm).
 func (m *model) sglangDecoder(bias, denseMLP bool) error {
 	if m.cfg.has("quantization_config") {
 		return checkpointError("SGLang loads a sharded_state directory into the weights its quantization " +
@@ -173,11 +173,6 @@ func (m *model) sglangDecoder(bias, denseMLP bool) error {
 	}
 	for i := range layers {
 		at := fmt.Sprintf("model.layers.%d.self_attn.", i)
-		for _, norm := range []string{"q_norm.weight", "k_norm.weight"} {
-			if qwen3 := m.cfg.architecture() != "LlamaForCausalLM"; qwen3 && !m.has(at+norm) {
-				return checkpointError("the checkpoint has no %s%s, which SGLang's Qwen3 attention holds", at, norm)
-			}
-		}
 		for _, t := range []string{"q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias"} {
 			if m.has(at+t) != bias {
 				return checkpointError("the checkpoint %s %s%s, where SGLang builds the attention %s biases "+
