@@ -94,9 +94,19 @@ func (c *Catalog) ReadFile(ctx context.Context, f File) ([]byte, error) {
 }
 
 // ReadFileAt reads len(p) bytes of a small file from off, at the version StatFile saw, so a file
-// streamed a piece at a time is one version throughout.
+// streamed a piece at a time is one version throughout. Bytes an earlier read of this file version
+// found corrupt fail before they are read, and a read that finds bytes corrupt is remembered, as
+// for tensor data (KnownCorrupt).
 func (c *Catalog) ReadFileAt(ctx context.Context, f File, p []byte, off int64) error {
-	return c.store.ReadAt(ctx, f.Key, f.Version, p, off)
+	if err := c.KnownCorrupt(f.Key, f.Version, off, int64(len(p))); err != nil {
+		return err
+	}
+	err := c.store.ReadAt(ctx, f.Key, f.Version, p, off)
+	var corrupt *store.CorruptError
+	if errors.As(err, &corrupt) {
+		c.corrupt.add(corrupt)
+	}
+	return err
 }
 
 // Files lists a checkpoint's servable files, sorted. The checkpoint must resolve.

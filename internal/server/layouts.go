@@ -54,6 +54,12 @@ func (s *Server) GetFile(w http.ResponseWriter, r *http.Request, name, file stri
 		writeProblem(w, r, toProblem(err))
 		return
 	}
+	// A version with bytes found corrupt anywhere is refused before the headers, as a shard that
+	// would read them is: a retry gets the problem, not headers and an abort.
+	if err := s.cfg.Catalog.KnownCorrupt(f.Key, f.Version, 0, f.Size); err != nil {
+		writeProblem(w, r, toProblem(err))
+		return
+	}
 	buf := make([]byte, min(f.Size, fileChunk))
 	read := func(off int64) ([]byte, error) {
 		p := buf[:min(int64(len(buf)), f.Size-off)]

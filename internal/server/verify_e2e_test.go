@@ -207,3 +207,42 @@ func TestACorruptVersionIsAProblemBeforeTheFirstByteOnRetry(t *testing.T) {
 		t.Fatalf("the file restored (a new version): %d %.200s", res.status, res.body)
 	}
 }
+
+// The files route honours the same verdicts: a small file whose bytes failed their signature after
+// its headers is refused before the headers on a retry, and served again once replaced.
+func TestACorruptFileVersionIsAProblemBeforeTheFirstByteOnRetry(t *testing.T) {
+	st, put, dir := signedLocal(t)
+	h := newHarness(t, planner.DefaultOptions(), st, put)
+	writeCheckpoint(t, h, "m", safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{4},
+		Data: f32(arange(0, 4)...)})
+	pristine := bytes.Repeat([]byte(`{"vocab": "abcdefgh"}`), 3<<20/21) // over the route's 1 MiB pieces
+	put("m/tokenizer.json", pristine)
+	path := filepath.Join(dir, "m", "tokenizer.json")
+	raw := bytes.Clone(pristine)
+	raw[len(raw)-10] ^= 0x40 // in the last piece, read after the headers are sent
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.Get(h.url + "/v1/checkpoints/m/files/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, rerr := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || rerr == nil {
+		t.Fatalf("the first request: %d, read error %v after %d bytes; want 200 cut short", res.StatusCode, rerr, len(body))
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		res := h.do("GET", "/v1/checkpoints/m/files/tokenizer.json", nil)
+		if res.status != http.StatusBadGateway || !strings.HasSuffix(res.problem.Type, "integrity-mismatch") {
+			t.Fatalf("retry %d: %d %s; want the 502 integrity-mismatch before the first byte", attempt, res.status, res.body)
+		}
+	}
+	if err := os.WriteFile(path, pristine, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res := h.do("GET", "/v1/checkpoints/m/files/tokenizer.json", nil); res.status != http.StatusOK ||
+		!bytes.Equal(res.body, pristine) {
+		t.Fatalf("the file restored (a new version): %d, %d bytes", res.status, len(res.body))
+	}
+}
