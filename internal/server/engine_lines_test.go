@@ -201,7 +201,7 @@ func TestVLLMLinesMatchReference(t *testing.T) {
 	newest := vllmref.Releases[len(vllmref.Releases)-1]
 	for _, line := range vllmref.Releases[1:] {
 		variants := slices.Concat(vllmref.Variants, vllmref.SparseMoEVariants, vllmref.WideVariants,
-			vllmref.NewArchVariants, vllmref.WideMoEVariants)
+			vllmref.GLMAndGptOssVariants, vllmref.WideMoEVariants)
 		for _, variant := range variants {
 			cfg, hf := vllmref.Checkpoint(variant, 42)
 			var unmodelled vllmref.Unmodelled

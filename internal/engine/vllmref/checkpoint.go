@@ -51,8 +51,8 @@ func Checkpoint(variant string, seed int64) (config []byte, tensors map[string]T
 	if slices.Contains(WideVariants, variant) || slices.Contains(wideDecoderMoEVariants, variant) {
 		return wideCheckpoint(variant, seed)
 	}
-	if isNewArch(variant) {
-		return newArchCheckpoint(variant, seed)
+	if isNewerLinesVariant(variant) {
+		return newerLinesCheckpoint(variant, seed)
 	}
 	g := &gen{rng: rand.New(rand.NewSource(seed)), out: map[string]Tensor{}, dims: tinyDims}
 	var cfg map[string]any

@@ -264,7 +264,7 @@ func TestGptOssMXFP4ReassemblesByDecoding(t *testing.T) {
 	}
 }
 
-func TestLine010LeavesTheNewArchitecturesUnmodelled(t *testing.T) {
+func TestLine010LeavesGLMAndGptOssUnmodelled(t *testing.T) {
 	for _, variant := range []string{"glm4moe", "glm4moe-fp8", "gptoss"} {
 		cfg, hf := Checkpoint(variant, 7)
 		_, err := RankAt("0.10", cfg, hf, Parallel{TP: 1, DP: 1})

@@ -9,8 +9,8 @@ import (
 	"testing"
 )
 
-func TestNewArchCheckpointsAreSmallAndDeterministic(t *testing.T) {
-	for _, v := range slices.Concat(NewArchVariants, WideMoEVariants) {
+func TestNewerLinesCheckpointsAreSmallAndDeterministic(t *testing.T) {
+	for _, v := range slices.Concat(GLMAndGptOssVariants, WideMoEVariants) {
 		cfg, ts := Checkpoint(v, 1)
 		cfg2, ts2 := Checkpoint(v, 1)
 		_, ts3 := Checkpoint(v, 2)
@@ -33,7 +33,7 @@ func TestNewArchCheckpointsAreSmallAndDeterministic(t *testing.T) {
 
 // want is the checkpoint a variant must hold, written out from the config's numbers the way the
 // Hugging Face checkpoints of GLM-4.5 and gpt-oss name and shape their tensors.
-func wantNewArch(t *testing.T, variant string, c HFConfig) map[string]string {
+func wantNewerLines(t *testing.T, variant string, c HFConfig) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	put := func(name, dtype string, shape ...int64) { out[name] = fmt.Sprintf("%s%v", dtype, shape) }
@@ -110,11 +110,11 @@ func wantNewArch(t *testing.T, variant string, c HFConfig) map[string]string {
 	return out
 }
 
-func TestNewArchCheckpointsHoldTheHFTensors(t *testing.T) {
-	for _, v := range NewArchVariants {
+func TestNewerLinesCheckpointsHoldTheHFTensors(t *testing.T) {
+	for _, v := range GLMAndGptOssVariants {
 		cfg, ts := Checkpoint(v, 3)
 		c := ParseConfig(cfg)
-		want := wantNewArch(t, v, c)
+		want := wantNewerLines(t, v, c)
 		var names []string
 		for n, x := range ts {
 			names = append(names, n)
@@ -137,8 +137,8 @@ func TestNewArchCheckpointsHoldTheHFTensors(t *testing.T) {
 // The configs carry what the Hugging Face config classes and vLLM's model classes read, and the
 // head counts allow every TP of the grid: query heads divide by 1, 2, 4, 6 and 8, and KV heads are
 // divided by TP or divide it.
-func TestNewArchConfigsAllowTheGrid(t *testing.T) {
-	for _, v := range NewArchVariants {
+func TestGLMAndGptOssConfigsAllowTheGrid(t *testing.T) {
+	for _, v := range GLMAndGptOssVariants {
 		cfg, _ := Checkpoint(v, 3)
 		c := ParseConfig(cfg)
 		heads, kv := c.Int("num_attention_heads"), c.Int("num_key_value_heads")

@@ -7,7 +7,7 @@ import (
 	"slices"
 )
 
-// NewArchVariants lists checkpoints of the architectures vLLM lays out only on the newer release
+// GLMAndGptOssVariants lists checkpoints of the architectures vLLM lays out only on the newer release
 // lines (the "0.10" line does not model them): GLM-4.5/4.6/4.7 and gpt-oss. Their head counts
 // allow TP 1, 2, 4, 6 and 8.
 //
@@ -25,7 +25,7 @@ import (
 //     byte, 16 bytes a 32-element block) and *_scales (U8 E8M0 exponents, one a block) with BF16
 //     *_bias. Intermediate 96 is three MXFP4 blocks, so vLLM's per-rank rule (whole blocks, ceil of
 //     blocks over ranks) leaves later ranks shorter or empty.
-var NewArchVariants = []string{"glm4moe", "glm4moe-fp8", "gptoss"}
+var GLMAndGptOssVariants = []string{"glm4moe", "glm4moe-fp8", "gptoss"}
 
 // WideMoEVariants lists MoE checkpoints of the older architectures whose heads allow TP 6:
 // deepseekv3-wide is DeepseekV3ForCausalLM with 24 MLA heads (q_lora_rank null), 12 routed experts
@@ -56,10 +56,10 @@ const (
 	mxfp4Block    = 32
 )
 
-var newArchDims = dims{hidden: newHidden, heads: glmHeads, kv: glmKV, vocab: newVocab}
+var newerLinesDims = dims{hidden: newHidden, heads: glmHeads, kv: glmKV, vocab: newVocab}
 
-func newArchCheckpoint(variant string, seed int64) ([]byte, map[string]Tensor) {
-	g := &gen{rng: rand.New(rand.NewSource(seed)), out: map[string]Tensor{}, dims: newArchDims}
+func newerLinesCheckpoint(variant string, seed int64) ([]byte, map[string]Tensor) {
+	g := &gen{rng: rand.New(rand.NewSource(seed)), out: map[string]Tensor{}, dims: newerLinesDims}
 	var cfg map[string]any
 	switch variant {
 	case "glm4moe", "glm4moe-fp8":
@@ -263,7 +263,7 @@ func (g *gen) deepseekWide() map[string]any {
 	return cfg
 }
 
-// isNewArch reports whether a variant is built by newArchCheckpoint.
-func isNewArch(variant string) bool {
-	return slices.Contains(NewArchVariants, variant) || slices.Contains(WideMoEVariants, variant)
+// isNewerLinesVariant reports whether a variant is built by newerLinesCheckpoint.
+func isNewerLinesVariant(variant string) bool {
+	return slices.Contains(GLMAndGptOssVariants, variant) || slices.Contains(WideMoEVariants, variant)
 }
