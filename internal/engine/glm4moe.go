@@ -7,7 +7,8 @@ import (
 )
 
 // GLM-4.5/4.6/4.7 as vLLM holds them (Glm4MoeForCausalLM, vllm/model_executor/models/glm4_moe.py,
-// read at commit 002d6073; laid out on release lines with a MoERunner only):
+// read at commit 002d6073aa034d4f5545d45021b0e56d1f3c3593; laid out on release lines with a
+// MoERunner only):
 //   - self_attn: Llama's qkv_proj with the checkpoint's biases (attention_bias), o_proj without a
 //     bias, the attention's scale buffers, and per-head q_norm and k_norm (replicated) when
 //     use_qk_norm.

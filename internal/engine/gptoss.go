@@ -8,8 +8,9 @@ import (
 )
 
 // gpt-oss as vLLM holds it (GptOssForCausalLM, vllm/model_executor/models/gpt_oss.py, read at
-// commit a6b6cfaa for the modules and the MXFP4 loader; laid out on release lines with a MoERunner
-// only, whose FusedMoE registers the experts under mlp.experts.routed_experts.):
+// commit a6b6cfaa0cedff84872a0118380c6cfea91b635d for the modules and the MXFP4 loader, a copy from
+// before FusedMoEFactory; laid out on release lines with a MoERunner only, whose factory registers
+// the experts under mlp.experts.routed_experts.):
 //   - model.embedding (the checkpoint's model.embed_tokens), layers, model.norm, lm_head.
 //   - attn (the checkpoint's self_attn): sinks, one per query head, split by heads like the
 //     queries (the loader narrows heads_per_rank from tp_rank * heads_per_rank); qkv_proj with
@@ -93,11 +94,11 @@ func gptOss(m *model) error {
 }
 
 // mxfp4Experts lays out the MXFP4 experts as GptOssModel._load_weights_mxfp4 narrows them into
-// Mxfp4MoEMethod's parameters (layers/quantization/mxfp4.py at afdb4a4f: w13_weight,
-// w13_weight_scale, w13_bias, w2_weight, w2_weight_scale, w2_bias, the biases BF16). The
-// checkpoint's gate_up_proj_blocks [E, 2I, H/32, 16] is read as [E, 2I, H/2] and
-// down_proj_blocks [E, H, I/32, 16] as [E, H, I/2]; gate_up rows interleave gate and up and are
-// narrowed as they are.
+// Mxfp4MoEMethod's parameters (layers/quantization/mxfp4.py at
+// afdb4a4ff429377d0fcfac3752e814ffc36ea41d: w13_weight, w13_weight_scale, w13_bias, w2_weight,
+// w2_weight_scale, w2_bias, the biases BF16). The checkpoint's gate_up_proj_blocks [E, 2I, H/32,
+// 16] is read as [E, 2I, H/2] and down_proj_blocks [E, H, I/32, 16] as [E, H, I/2]; gate_up rows
+// interleave gate and up and are narrowed as they are.
 //
 // Without expert parallelism the MoE group's rank (TP flattened across DP and PCP) holds whole
 // MXFP4 blocks of the intermediate features: cdiv(I/32, group) blocks a rank, the last ranks

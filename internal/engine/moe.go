@@ -11,14 +11,14 @@ type expertModules func(e int64) (gate, up, down string)
 
 // moeGroup is how a FusedMoE layer spreads over the ranks (FusedMoEParallelConfig.make and
 // flatten_tp_across_dp_and_pcp in vllm/model_executor/layers/fused_moe/config.py): the MoE group
-// flattens TP across prefill-context and data parallelism, size DP*PCP*TP, rank
-// (dp_rank*PCP + pcp_rank)*TP + tp_rank. Without expert parallelism (or on one rank) the experts
-// are split like linear layers over that group. With it the MoE TP size is 1 and the E + R
-// physical experts (R redundant under EPLB) go whole over it (determine_expert_map in
-// fused_moe/expert_map_manager.py, read at commit 04d26335): placed linearly the first
-// (E+R) % EP ranks hold one more, consecutive slots; placed round-robin rank r holds slots r,
-// r+EP, r+2EP, ... Physical slot p holds logical expert p mod E (EPLB's initial map: slot E+j is
-// logical expert j). On v0.10.2 PCP is 1 and there are neither redundant experts nor round-robin.
+// flattens TP across prefill-context and data parallelism, size DP*PCP*TP, rank (dp_rank*PCP +
+// pcp_rank)*TP + tp_rank. Without expert parallelism (or on one rank) the experts are split like
+// linear layers over that group. With it the MoE TP size is 1 and the E + R physical experts (R
+// redundant under EPLB) go whole over it (determine_expert_map in fused_moe/expert_map_manager.py,
+// read at commit 04d26335ddf7fb894244a56de9dc3b841323b0ae): placed linearly the first (E+R) % EP
+// ranks hold one more, consecutive slots; placed round-robin rank r holds slots r, r+EP, r+2EP, ...
+// Physical slot p holds logical expert p mod E (EPLB's initial map: slot E+j is logical expert j).
+// On v0.10.2 PCP is 1 and there are neither redundant experts nor round-robin.
 type moeGroup struct {
 	tp, tpRank int64   // the split of each expert's intermediate features
 	slots      []int64 // the logical expert each of the rank's expert slots holds
@@ -60,14 +60,15 @@ func (m *model) moeGroup(count, groups int64) (moeGroup, error) {
 // falls back to linear, with a warning, unless the model groups its experts (num_expert_group > 1),
 // there are no redundant experts and no EPLB, and the all2all kernels that run with DP > 1 are
 // DeepEP low-latency or NIXL, which the default backend (allgather_reducescatter) is not
-// (determine_expert_placement_strategy in expert_map_manager.py at 04d26335).
+// (determine_expert_placement_strategy in expert_map_manager.py at
+// 04d26335ddf7fb894244a56de9dc3b841323b0ae).
 func (m *model) roundRobin(groups int64) bool {
 	p := m.par
 	return p.Placement == "round_robin" && groups > 1 && p.RedundantExperts == 0 && !p.EPLB && p.DP == 1
 }
 
 // sequenceParallelMoE is ParallelConfig.use_sequence_parallel_moe on the default all2all backend
-// (vllm/config/parallel.py, read in a copy pinned to the v0.29.0 tag): expert parallelism with
+// (vllm/config/parallel.py at 00193b82b0e2d4faea5d3b4ea4f6c4c2bd9d057a): expert parallelism with
 // TP > 1 and DP > 1, on a line whose MoE layers are built for it.
 func (m *model) sequenceParallelMoE() bool {
 	return m.rel.runner != nil && m.par.ExpertParallel && m.par.TP > 1 && m.par.DP > 1

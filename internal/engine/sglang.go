@@ -6,41 +6,49 @@ import (
 )
 
 // SGLang's sharded_state layouts: what ShardedStateLoader.save_model writes for a rank
-// (python/sglang/srt/model_loader/loader.py at 005cbe0e): _filter_subtensors(model.state_dict())
-// to model-rank-{rank}-part-{part}.safetensors, rank the TP rank. Its load_model runs every
-// module's process_weights_after_loading before it copies the files in and raises "Missing keys"
-// for a parameter they lack, so the files must be the state of a model whose post-load
-// processing is the identity: unquantized weights (layers/linear.py at 0079fcc1:
-// UnquantizedLinearMethod repacks only on CPU with AMX) on the default MoE runner.
+// (python/sglang/srt/model_loader/loader.py at 005cbe0ea796446e420b6aab62ce51a488f5e7c7):
+// _filter_subtensors(model.state_dict()) to model-rank-{rank}-part-{part}.safetensors, rank the TP
+// rank. Its load_model runs every module's process_weights_after_loading before it copies the files
+// in and raises "Missing keys" for a parameter they lack, so the files must be the state of a model
+// whose post-load processing is the identity: unquantized weights (layers/linear.py at
+// 0079fcc18b3ee44bfeaaea8a9268c1d50b57b3e1: UnquantizedLinearMethod repacks only on CPU with AMX)
+// on the default MoE runner.
 //
 // The parallel options are SGLang's server arguments:
 //   - --tp-size: the embedding, every linear layer and the LM head split over the TP group as
-//     vLLM's layers do (SGLang's linear.py and vocab_parallel_embedding.py at 04d5e392 are
-//     adapted from vLLM's: the vocabulary pads to a multiple of 64, which must divide by the
-//     group, and the checkpoint's rows must be config.json's vocab_size).
-//   - --dp-size with --enable-dp-attention: the TP group is DP groups of TP / DP consecutive
-//     ranks for attention (compute_dp_attention_world_info in layers/dp_attention.py: attention
-//     TP rank = tp_rank % (TP / DP)); server_args.py refuses TP % DP != 0 and turns DP attention
-//     off at DP 1. Without it DP starts whole replicas, each one writing the same files.
+//     vLLM's layers do (SGLang's linear.py and vocab_parallel_embedding.py at
+//     04d5e392629c53b9db96052947733bd434ea00a2 are adapted from vLLM's: the vocabulary pads to a
+//     multiple of 64, which must divide by the group, and the checkpoint's rows must be
+//     config.json's vocab_size).
+//   - --dp-size with --enable-dp-attention: the TP group is DP groups of TP / DP consecutive ranks
+//     for attention (compute_dp_attention_world_info in layers/dp_attention.py at
+//     2aa2e2d0ffda0a44ed9a022fdd9d5d042f365eee: attention TP rank = tp_rank % (TP / DP));
+//     server_args.py (_handle_data_parallelism, in copies whose commit the search index does not
+//     name) refuses TP % DP != 0 and turns DP attention off at DP 1. Without it DP starts whole
+//     replicas, each one writing the same files.
 //   - --ep-size: the MoE layers split the TP group into EP groups of TP / EP MoE-TP ranks
-//     (initialize_model_parallel in distributed/parallel_state.py: MoE TP groups consecutive, so
-//     MoE TP rank = tp_rank % (TP / EP) and EP rank = tp_rank / (TP / EP)); TP / EP must be whole.
+//     (initialize_model_parallel in distributed/parallel_state.py at
+//     0005973a84f7a02787e270b6be5970d3022d07fe: MoE TP groups consecutive, so MoE TP rank = tp_rank
+//     % (TP / EP) and EP rank = tp_rank / (TP / EP)); TP / EP must be whole.
 //
 // Architectures:
-//   - LlamaForCausalLM (models/llama.py at 00239548): every module over the whole TP group, DP
-//     attention or not (LlamaAttention reads the TP world size, its embedding has no enable_tp);
-//     q/k/v and o biases where attention_bias or bias says, no MLP bias, SiLU only.
-//   - Qwen3ForCausalLM (models/qwen3.py at 01b5f572, its model Qwen2Model in qwen2.py):
-//     Qwen3Attention's qkv_proj and o_proj (biases where attention_bias says) over the attention
-//     TP group, the embedding whole on every rank under DP attention (enable_tp = not
-//     is_dp_attention_enabled()), the MLP and the LM head over the TP group (enable_dp_lm_head
-//     is off by default); tied embeddings make lm_head the embedding module.
-//   - Qwen3MoeForCausalLM (models/qwen3_moe.py at 008af3a6, its model Qwen2MoeModel in
-//     qwen2_moe.py at 0115497d): Qwen3's attention and embedding; every layer sparse
-//     ("Qwen3MoE all layers are sparse"), mlp.experts a FusedMoE (layers/moe/fused_moe_triton/
-//     layer.py at 008d7d0e: E / EP experts a rank, EP rank e holding [e·E/EP, (e+1)·E/EP), each
-//     split by MoE TP into w13_weight and w2_weight) and mlp.gate a ReplicatedLinear; the LM head
-//     is always its own ParallelLMHead.
+//   - LlamaForCausalLM (models/llama.py at 00239548f1cd1a06ca145a5447a86738090a48f1): every module
+//     over the whole TP group, DP attention or not (LlamaAttention reads the TP world size, its
+//     embedding has no enable_tp); q/k/v and o biases where attention_bias or bias says, no MLP
+//     bias, SiLU only.
+//   - Qwen3ForCausalLM (models/qwen3.py at 01b5f572b7b678e2fa5a727881f1ff3ab4dd3c6d, its model
+//     Qwen2Model in qwen2.py, whose enable_tp was read in a copy the index names no commit for):
+//     Qwen3Attention's qkv_proj and o_proj (biases where attention_bias
+//     says) over the attention TP group, the embedding whole on every rank under DP attention
+//     (enable_tp = not is_dp_attention_enabled()), the MLP and the LM head over the TP group
+//     (enable_dp_lm_head is off by default); tied embeddings make lm_head the embedding module.
+//   - Qwen3MoeForCausalLM (models/qwen3_moe.py at 008af3a6f95b956ea4d50986f9a921f13dced28b, its
+//     model Qwen2MoeModel in qwen2_moe.py at 0115497da8f2340cdce444597387cf2a4d499f5c): Qwen3's
+//     attention and embedding; every layer sparse ("Qwen3MoE all layers are sparse"), mlp.experts a
+//     FusedMoE (layers/moe/fused_moe_triton/layer.py at 008d7d0e947e436a572cf8243674adf264dc8836:
+//     E / EP experts a rank, EP rank e holding [e·E/EP, (e+1)·E/EP), each split by MoE TP into
+//     w13_weight and w2_weight) and mlp.gate a ReplicatedLinear; the LM head is always its own
+//     ParallelLMHead.
 func init() {
 	takes("sglang", dataParallel, enableDPAttention, expertParallelSize)
 	register("sglang", sglangLlama, "LlamaForCausalLM")

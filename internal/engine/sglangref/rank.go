@@ -74,11 +74,12 @@ type par struct {
 }
 
 // makePar derives the groups: attention TP by compute_dp_attention_world_info
-// (layers/dp_attention.py: attn_tp_size = tp_size // dp_size under DP attention, attn_tp_rank =
-// tp_rank % attn_tp_size), MoE TP and EP by initialize_model_parallel
-// (distributed/parallel_state.py: moe_tp_size = tp_size // ep_size, the EP group of rank r
-// holding ranks r % moe_tp + k * moe_tp). Sizes that do not divide are refused: SGLang's groups
-// would not cover the TP group.
+// (layers/dp_attention.py@2aa2e2d0ffda0a44ed9a022fdd9d5d042f365eee: attn_tp_size = tp_size //
+// dp_size under DP attention, attn_tp_rank = tp_rank % attn_tp_size), MoE TP and EP by
+// initialize_model_parallel
+// (distributed/parallel_state.py@0005973a84f7a02787e270b6be5970d3022d07fe: moe_tp_size = tp_size //
+// ep_size at the default moe_dp_size of 1, the EP group of rank r holding ranks r % moe_tp + k *
+// moe_tp). Sizes that do not divide are refused: SGLang's groups would not cover the TP group.
 func makePar(p Parallel) par {
 	dp, ep := int64(max(p.DP, 1)), int64(max(p.EP, 1))
 	tp, r := int64(p.TP), int64(p.TPRank)
@@ -120,8 +121,9 @@ func (b *builder) add(t vllmref.Tensor, names ...string) {
 	b.params = append(b.params, param{names: names, t: t})
 }
 
-// result is _filter_subtensors (model_loader/loader.py@005cbe0e): tensors with no element are
-// dropped, and of the names sharing one tensor the smallest is kept ("if k2 < k: break").
+// result is _filter_subtensors (model_loader/loader.py@005cbe0ea796446e420b6aab62ce51a488f5e7c7):
+// tensors with no element are dropped, and of the names sharing one tensor the smallest is kept
+// ("if k2 < k: break").
 func (b *builder) result() map[string]vllmref.Tensor {
 	out := map[string]vllmref.Tensor{}
 	for _, p := range b.params {
@@ -155,13 +157,14 @@ func (b *builder) get(name string, shape ...int64) vllmref.Tensor {
 	return vllmref.Convert(t, b.dtype)
 }
 
-// llama is LlamaForCausalLM (models/llama.py@bf7a0e23, the same at @00239548). LlamaAttention:
-// qkv_proj = QKVParallelLinear and o_proj = RowParallelLinear over the full TP group (it reads
-// get_tensor_model_parallel_world_size and passes no tp_size), head_dim = getattr(config,
-// "head_dim", hidden // heads), bias = attention_bias or config.bias on both; LlamaMLP:
-// gate_up_proj = MergedColumnParallelLinear([I, I], bias=False), down_proj = RowParallelLinear;
-// LlamaModel.embed_tokens = VocabParallelEmbedding (TP); lm_head = model.embed_tokens when
-// tie_word_embeddings, else ParallelLMHead (TP, use_attn_tp_group = enable_dp_lm_head, off).
+// llama is LlamaForCausalLM (models/llama.py@bf7a0e237e8d5b2ce5402f5d2fafce31e012dbdf, the same at
+// @00239548f1cd1a06ca145a5447a86738090a48f1). LlamaAttention: qkv_proj = QKVParallelLinear and
+// o_proj = RowParallelLinear over the full TP group (it reads get_tensor_model_parallel_world_size
+// and passes no tp_size), head_dim = getattr(config, "head_dim", hidden // heads), bias =
+// attention_bias or config.bias on both; LlamaMLP: gate_up_proj = MergedColumnParallelLinear([I,
+// I], bias=False), down_proj = RowParallelLinear; LlamaModel.embed_tokens = VocabParallelEmbedding
+// (TP); lm_head = model.embed_tokens when tie_word_embeddings, else ParallelLMHead (TP,
+// use_attn_tp_group = enable_dp_lm_head, off).
 func (b *builder) llama() {
 	c := b.cfg
 	hidden, heads := c.Int("hidden_size"), c.Int("num_attention_heads")
@@ -186,17 +189,18 @@ func (b *builder) llama() {
 	b.lmHead(vocab, hidden)
 }
 
-// qwen3 is Qwen3ForCausalLM (models/qwen3.py@01b5f572) and, with moe, Qwen3MoeForCausalLM
-// (models/qwen3_moe.py@008af3a6). Qwen3Attention / Qwen3MoeAttention: qkv_proj and o_proj over the
-// attention TP group (tp_rank=attn_tp_rank, tp_size=attn_tp_size), bias = config.attention_bias on
-// both, head_dim = config.head_dim or hidden // heads, q_norm and k_norm = RMSNorm(head_dim).
-// The model is Qwen2Model / Qwen2MoeModel, whose embed_tokens is VocabParallelEmbedding with
-// enable_tp = not enable_dp_attention (models/qwen2_moe.py@0115497d; qwen2.py could not be read
-// at a commit that has DP attention, and Qwen3 is held to the same rule). Qwen3's MLP is Qwen2MLP
-// (models/qwen2.py, every copy the index holds: MergedColumnParallelLinear and RowParallelLinear
-// over the full TP group). The LM head: Qwen3 ties it to the embedding when tie_word_embeddings
-// (and one pipeline stage), else ParallelLMHead over the full TP group; Qwen3-MoE always builds a
-// ParallelLMHead.
+// qwen3 is Qwen3ForCausalLM (models/qwen3.py@01b5f572b7b678e2fa5a727881f1ff3ab4dd3c6d) and, with
+// moe, Qwen3MoeForCausalLM (models/qwen3_moe.py@008af3a6f95b956ea4d50986f9a921f13dced28b).
+// Qwen3Attention / Qwen3MoeAttention: qkv_proj and o_proj over the attention TP group
+// (tp_rank=attn_tp_rank, tp_size=attn_tp_size), bias = config.attention_bias on both, head_dim =
+// config.head_dim or hidden // heads, q_norm and k_norm = RMSNorm(head_dim). The model is
+// Qwen2Model / Qwen2MoeModel, whose embed_tokens is VocabParallelEmbedding with enable_tp = not
+// enable_dp_attention (models/qwen2_moe.py@0115497da8f2340cdce444597387cf2a4d499f5c; the one
+// qwen2.py with DP attention found has no commit the index names, and Qwen3 is held to the same
+// rule). Qwen3's MLP is Qwen2MLP (models/qwen2.py, every copy the index holds:
+// MergedColumnParallelLinear and RowParallelLinear over the full TP group). The LM head: Qwen3 ties
+// it to the embedding when tie_word_embeddings (and one pipeline stage), else ParallelLMHead over
+// the full TP group; Qwen3-MoE always builds a ParallelLMHead.
 func (b *builder) qwen3(moe bool) {
 	c := b.cfg
 	hidden, heads := c.Int("hidden_size"), c.Int("num_attention_heads")
@@ -233,14 +237,15 @@ func (b *builder) qwen3(moe bool) {
 	b.lmHead(vocab, hidden)
 }
 
-// qwen3MoE is Qwen3MoeSparseMoeBlock (models/qwen3_moe.py@008af3a6). Qwen3MoeDecoderLayer builds
-// one in every layer ("Qwen3MoE all layers are sparse", is_layer_sparse = True): it does not read
+// qwen3MoE is Qwen3MoeSparseMoeBlock
+// (models/qwen3_moe.py@008af3a6f95b956ea4d50986f9a921f13dced28b). Qwen3MoeDecoderLayer builds one
+// in every layer ("Qwen3MoE all layers are sparse", is_layer_sparse = True): it does not read
 // decoder_sparse_step or mlp_only_layers, and load_weights skips what has no parameter, so a
-// checkpoint with dense layers would leave their experts uninitialized — refused here. The block:
-// a ValueError when moe_tp_size > num_experts; experts = FusedMoE(num_experts +
-// ep_num_redundant_experts (0 without EPLB), moe_intermediate_size) from experts.N.{gate,up,down}_proj
-// (FusedMoE.make_expert_params_mapping); gate = ReplicatedLinear(hidden, num_experts, bias=False,
-// quant_config=None), in the model dtype.
+// checkpoint with dense layers would leave their experts uninitialized — refused here. The block: a
+// ValueError when moe_tp_size > num_experts; experts = FusedMoE(num_experts +
+// ep_num_redundant_experts (0 without EPLB), moe_intermediate_size) from
+// experts.N.{gate,up,down}_proj (FusedMoE.make_expert_params_mapping); gate =
+// ReplicatedLinear(hidden, num_experts, bias=False, quant_config=None), in the model dtype.
 func (b *builder) qwen3MoE(layer int64, p string, hidden int64) {
 	c := b.cfg
 	if c.IntOr("decoder_sparse_step", 1) != 1 || slices.Contains(c.IntsOr("mlp_only_layers"), layer) {
@@ -260,12 +265,13 @@ func (b *builder) qwen3MoE(layer int64, p string, hidden int64) {
 }
 
 // fusedMoE is FusedMoE.__init__ and its weight_loader (layers/moe/fused_moe_triton/layer.py
-// @008d7d0e) with UnquantizedFusedMoEMethod.create_weights (quantization/unquant.py@0038b2b5,
-// gated SiLU, no triton_kernels transpose): num_local_experts = num_experts // moe_ep_size,
-// intermediate_size_per_partition = I // moe_tp_size (both asserted), EP rank e holds experts
-// [e * local, (e + 1) * local) (expert_map), w13_weight[j] = [gate rows moe_tp_rank * I_pp..;
-// up rows moe_tp_rank * I_pp..] (_load_w13: w1 into the first half, w3 into the second),
-// w2_weight[j] = down's columns moe_tp_rank * I_pp.. (_load_w2).
+// @008d7d0e947e436a572cf8243674adf264dc8836) with UnquantizedFusedMoEMethod.create_weights
+// (quantization/unquant.py@0038b2b5e53cc1b322a6ca86041f6f303adf872b, gated SiLU, no triton_kernels
+// transpose): num_local_experts = num_experts // moe_ep_size, intermediate_size_per_partition =
+// I // moe_tp_size (both asserted), EP rank e holds experts [e * local, (e + 1) * local)
+// (expert_map), w13_weight[j] = [gate rows moe_tp_rank * I_pp..; up rows moe_tp_rank * I_pp..]
+// (_load_w13: w1 into the first half, w3 into the second), w2_weight[j] = down's columns
+// moe_tp_rank * I_pp.. (_load_w2).
 func (b *builder) fusedMoE(p string, experts, inter, hidden int64, names func(e int64) (gate, up, down string)) {
 	local := divide(experts, b.p.ep.size, "num_experts over --ep-size (FusedMoE asserts it)")
 	ipp := divide(inter, b.p.moeTP.size, "moe_intermediate_size over the MoE TP size (FusedMoE asserts it)")
@@ -281,14 +287,15 @@ func (b *builder) fusedMoE(p string, experts, inter, hidden int64, names func(e 
 	b.add(vllmref.Stack(w2), p+"w2_weight")
 }
 
-// norm is RMSNorm (layers/layernorm.py): weight = nn.Parameter(torch.ones(n)) in the model
-// dtype, replicated, filled by default_weight_loader.
+// norm is RMSNorm (layers/layernorm.py@000fc1a8d6aeaecbeeebbfec90d88af7262afbc0): weight =
+// nn.Parameter(torch.ones(n)) in the model dtype, replicated, filled by default_weight_loader.
 func (b *builder) norm(name string, n int64) { b.add(b.get(name, n), name) }
 
-// qkv is QKVParallelLinear over group g (layers/linear.py@0079fcc1): num_heads = heads / size; if
-// size >= kv heads, one KV head a rank replicated size / kv times, else kv / size. weight_loader
-// puts the rank's q, k, v rows one after the other, q from rows rank * q_size, k and v from rows
-// (rank / replicas) * kv_size of their checkpoint tensors. Biases load the same way.
+// qkv is QKVParallelLinear over group g
+// (layers/linear.py@0079fcc18b3ee44bfeaaea8a9268c1d50b57b3e1): num_heads = heads / size; if size >=
+// kv heads, one KV head a rank replicated size / kv times, else kv / size. weight_loader puts the
+// rank's q, k, v rows one after the other, q from rows rank * q_size, k and v from rows (rank /
+// replicas) * kv_size of their checkpoint tensors. Biases load the same way.
 func (b *builder) qkv(p string, g group, bias bool, heads, kvHeads, headDim, hidden int64) {
 	numHeads := divide(heads, g.size, "num_attention_heads over the attention TP size")
 	numKV, replicas := int64(1), int64(1)
@@ -342,11 +349,12 @@ func (b *builder) mlp(p string, inter, hidden int64) {
 }
 
 // vocab is VocabParallelEmbedding / ParallelLMHead over group g without LoRA
-// (layers/vocab_parallel_embedding.py@04d5e392): num_embeddings_padded = pad_vocab_size(vocab,
-// 64) (DEFAULT_VOCAB_PADDING_SIZE; no lcm with the TP size in the copy read),
-// num_embeddings_per_partition = divide(padded, size) (asserted), the rank's checkpoint rows
-// [min(rank * per, vocab), min((rank + 1) * per, vocab)) copied to the top and the rest zero
-// (weight_loader: param[:n].copy_, param[n:].fill_(0)). enable_tp=False is a group of one.
+// (layers/vocab_parallel_embedding.py@04d5e392629c53b9db96052947733bd434ea00a2):
+// num_embeddings_padded = pad_vocab_size(vocab, 64) (DEFAULT_VOCAB_PADDING_SIZE; no lcm with the TP
+// size in the copy read), num_embeddings_per_partition = divide(padded, size) (asserted), the
+// rank's checkpoint rows [min(rank * per, vocab), min((rank + 1) * per, vocab)) copied to the top
+// and the rest zero (weight_loader: param[:n].copy_, param[n:].fill_(0)). enable_tp=False is a
+// group of one.
 func (b *builder) vocab(name string, vocab, hidden int64, g group) {
 	padded := vllmref.CeilDiv(vocab, 64) * 64
 	per := divide(padded, g.size, "the padded vocabulary over its TP size")

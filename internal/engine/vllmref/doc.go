@@ -10,10 +10,10 @@
 // RankAt models a release line (Releases): "0.10" is vLLM v0.10.2 as described here; later lines
 // are these rules with what release.go lists changed, each change citing the vLLM file it was read
 // from (and saying where the release could not be pinned). "0.29" also models the architectures
-// the "0.10" line leaves out, GLM-4.x-MoE and gpt-oss (glm4moe_gptoss.go). Its Mixtral, Qwen2-MoE and
-// Qwen3-MoE are read from vllm-project copies of those models from just before FusedMoEFactory
-// (the index holds none after it), with the arguments they pass carried over to the factory
-// (mixtralMoE and qwenMoE in rank.go say why that holds and what confirms it).
+// the "0.10" line leaves out, GLM-4.x-MoE and gpt-oss (glm4moe_gptoss.go). Its Mixtral, Qwen2-MoE,
+// Qwen3-MoE and gpt-oss are read from vllm-project copies of those models from before
+// FusedMoEFactory (the index holds none after it), with the arguments they pass carried over to the
+// factory (mixtralMoE and qwenMoE in rank.go say why that holds and what confirms it).
 //
 // Target of "0.10": vLLM v0.10.2, the plain CUDA path (no ROCm weight shuffles, no DeepGEMM E8M0
 // requantization, no sequence-parallel MoE, expert placement "linear", no EPLB, no LoRA padding).

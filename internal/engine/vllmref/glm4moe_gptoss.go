@@ -6,7 +6,8 @@ import (
 	"math"
 )
 
-// glm4moe is Glm4MoeForCausalLM (vllm/model_executor/models/glm4_moe.py@002d6073):
+// glm4moe is Glm4MoeForCausalLM
+// (vllm/model_executor/models/glm4_moe.py@002d6073aa034d4f5545d45021b0e56d1f3c3593):
 //
 //	Glm4MoeAttention: qkv_proj = QKVParallelLinear(bias=config.attention_bias), o_proj =
 //	  RowParallelLinear(bias=False), q_norm/k_norm = RMSNorm(head_dim) when use_qk_norm, head_dim =
@@ -79,9 +80,10 @@ func (b *builder) glm4moe() {
 }
 
 // gptoss is GptOssForCausalLM with an MXFP4 checkpoint. The loader's per-rank rule is
-// GptOssModel._load_weights_mxfp4 (vllm/model_executor/models/gpt_oss.py@a6b6cfaa, the newest copy
-// of vllm-project's file the index holds; its module tree is the factory era's, the experts a
-// MoERunner whose RoutedExperts holds them):
+// GptOssModel._load_weights_mxfp4
+// (vllm/model_executor/models/gpt_oss.py@a6b6cfaa0cedff84872a0118380c6cfea91b635d, the newest copy
+// of vllm-project's file found, from before the factory: its experts a FusedMoE; on a moeRunner line
+// they are taken to be the factory's MoERunner with RoutedExperts holding them, as for Mixtral):
 //
 //	tp_size, tp_rank = flatten_tp_across_dp_and_pcp(TP, DP, dp_rank, ...): TP x DP, dp_rank*TP+tp_rank;
 //	per_rank = cdiv(intermediate // 32, tp_size) * 32; start = tp_rank * per_rank,

@@ -81,16 +81,18 @@ func localExperts(ep, epRank, global int64) (start, count int64) {
 
 // localSlots are the physical expert slots this rank holds, in local order. Slot p < E holds
 // logical expert p and slot E + j logical expert j % E (EplbState.
-// build_initial_global_physical_to_logical_map, and RoutedExperts.build_expert_params_mapping
-// loads each slot from its logical expert's checkpoint tensors; routed_experts.py@002d6073).
+// build_initial_global_physical_to_logical_map, and RoutedExperts.build_expert_params_mapping loads
+// each slot from its logical expert's checkpoint tensors;
+// routed_experts.py@002d6073aa034d4f5545d45021b0e56d1f3c3593).
 //
 // The E + R slots go over the EP ranks by determine_expert_map (fused_moe/expert_map_manager.py
-// @04d26335): linear by default; round_robin (slots r, r + ep, ...) only where
-// determine_expert_placement_strategy allows it — num_expert_group > 1, no redundant experts, no
-// EPLB, and not with all2all kernels (DP > 1 under EP) on the default allgather_reducescatter
-// backend, which needs DeepEP low-latency or NIXL-EP routing tables — and linear otherwise, with a
-// warning. EPLB needs expert parallelism (ParallelConfig) and an even split ("EPLB currently only
-// supports even distribution of experts across ranks", FusedMoEFactory).
+// @04d26335ddf7fb894244a56de9dc3b841323b0ae): linear by default; round_robin (slots r, r + ep, ...)
+// only where determine_expert_placement_strategy allows it — num_expert_group > 1, no redundant
+// experts, no EPLB, and not with all2all kernels (DP > 1 under EP) on the default
+// allgather_reducescatter backend, which needs DeepEP low-latency or NIXL-EP routing tables — and
+// linear otherwise, with a warning. EPLB needs expert parallelism (ParallelConfig) and an even
+// split ("EPLB currently only supports even distribution of experts across ranks",
+// FusedMoEFactory).
 func (b *builder) localSlots(numExperts int64) []int64 {
 	global := numExperts + b.p.redundant
 	if b.p.redundant > 0 {

@@ -62,9 +62,11 @@ func RankAt(line string, config []byte, tensors map[string]Tensor, p Parallel) (
 	}
 	b.p.sequenceParallel = rel.sequenceParallelMoE && p.EnableEP && p.TP > 1 && p.DP > 1
 	// EPLB needs a model that implements MixtureOfExperts and hands FusedMoEFactory its
-	// num_redundant_experts: DeepseekV2MoE, Glm4MoE, MixtralMoE (mixtral.py@f0e26957) and
-	// Qwen3MoeSparseMoeBlock (qwen3_moe.py@2e0831b0) do; Qwen2MoeForCausalLM (SupportsPP and
-	// SupportsLoRA only, qwen2_moe.py@002fb907), gpt-oss's MLPBlock and the dense models do not.
+	// num_redundant_experts: DeepseekV2MoE, Glm4MoE, MixtralMoE
+	// (mixtral.py@f0e26957c6af4d1ce3d0642120b011949da65885) and Qwen3MoeSparseMoeBlock
+	// (qwen3_moe.py@2e0831b0ab951c8896d4dd5d6cb9c3350a4574de) do; Qwen2MoeForCausalLM (SupportsPP
+	// and SupportsLoRA only, qwen2_moe.py@002fb90788ae749626fb09c6272f0cb604de46b6), gpt-oss's
+	// MLPBlock and the dense models do not.
 	if p.RedundantExperts > 0 && !slices.Contains([]string{"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
 		"Glm4MoeForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"}, arch) {
 		panic(Refusal(arch + " does not support EPLB's redundant experts"))
@@ -201,11 +203,12 @@ func (b *builder) denseMLPq(prefix string, inter, hidden int64, quant bool, alia
 // intermediate_size) from experts.N.w1 / w3 / w2.
 //
 // On a moeRunner line the experts are FusedMoEFactory with the arguments MixtralMoE gave FusedMoE
-// before the factory (mixtral.py@f0e26957, a vllm-project copy from before the factory:
-// num_experts, top_k, hidden_size, intermediate_size, enable_eplb, num_redundant_experts; no gate=,
-// no shared_experts=). PR #41184 made FusedMoE the factory of a MoERunner owning RoutedExperts and
-// PR #44941 renamed it; they change the module tree under "experts", not what the models pass. So
-// the gate stays "block_sparse_moe.gate.weight" and the experts save under "experts.routed_experts.".
+// before the factory (mixtral.py@f0e26957c6af4d1ce3d0642120b011949da65885, a vllm-project copy from
+// before the factory: num_experts, top_k, hidden_size, intermediate_size, enable_eplb,
+// num_redundant_experts; no gate=, no shared_experts=). PR #41184 made FusedMoE the factory of a
+// MoERunner owning RoutedExperts and PR #44941 renamed it; they change the module tree under
+// "experts", not what the models pass. So the gate stays "block_sparse_moe.gate.weight" and the
+// experts save under "experts.routed_experts.".
 func (b *builder) mixtralMoE(l string, hidden int64) {
 	experts := b.cfg.Int("num_local_experts")
 	inter := b.cfg.Int("intermediate_size")
@@ -235,13 +238,14 @@ func (b *builder) mixtralMoE(l string, hidden int64) {
 // On a moeRunner line the blocks give FusedMoEFactory what they gave SharedFusedMoE before the
 // factory (PRs #41184 and #44941 change the module tree under "experts", not the arguments):
 //
-//	Qwen3-MoE (qwen3_moe.py@2e0831b0): gate=self.gate, shared_experts=self.shared_expert (None
-//	  without shared_expert_intermediate_size), enable_eplb, num_redundant_experts,
-//	  is_sequence_parallel. The runner registers the gate again: "experts.gate.weight" is kept.
-//	Qwen2-MoE (qwen2_moe.py@002fb907, and a FusedMoEFactory-era copy of the file in a fork, which
-//	  reads the same): shared_experts=self.shared_expert, no gate=. shared_expert_gate (an
-//	  nn.Linear there, a ReplicatedLinear in the fork: [1, hidden] in the model dtype either way) is
-//	  also the shared expert's expert_gate, so it is
+//	Qwen3-MoE (qwen3_moe.py@2e0831b0ab951c8896d4dd5d6cb9c3350a4574de): gate=self.gate,
+//	  shared_experts=self.shared_expert (None without shared_expert_intermediate_size), enable_eplb,
+//	  num_redundant_experts, is_sequence_parallel. The runner registers the gate again:
+//	  "experts.gate.weight" is kept.
+//	Qwen2-MoE (qwen2_moe.py@002fb90788ae749626fb09c6272f0cb604de46b6, and a FusedMoEFactory-era copy
+//	  of the file in a fork, which reads the same): shared_experts=self.shared_expert, no gate=.
+//	  shared_expert_gate (an nn.Linear there, a ReplicatedLinear in the fork: [1, hidden] in the
+//	  model dtype either way) is also the shared expert's expert_gate, so it is
 //	  "shared_expert_gate", "shared_expert.expert_gate" and, through the runner's SharedExperts
 //	  (whose _layer is the shared expert), "experts._shared_experts._layer.expert_gate", the last
 //	  kept like the shared expert's "experts._shared_experts._layer.*".
@@ -385,11 +389,11 @@ func (b *builder) mla(p string, hidden int64, quant bool) {
 //	  the second kept;
 //	experts = FusedMoE(n_routed_experts, moe_intermediate_size) from experts.N.{gate,up,down}_proj.
 //
-// On a moeRunner line (deepseek_v2.py@002d6073) the gate is a GateLinear (a ReplicatedLinear,
-// quant_config None, params_dtype None so the model dtype: router_dtype is None without
-// moe_router_dtype) holding the same F32 bias, and the model passes gate=self.gate and
-// shared_experts=self.shared_experts to FusedMoEFactory, so the smallest names are
-// "experts.gate.weight", "experts.gate.e_score_correction_bias" (before
+// On a moeRunner line (deepseek_v2.py@002d6073aa034d4f5545d45021b0e56d1f3c3593) the gate is a
+// GateLinear (a ReplicatedLinear, quant_config None, params_dtype None so the model dtype:
+// router_dtype is None without moe_router_dtype) holding the same F32 bias, and the model passes
+// gate=self.gate and shared_experts=self.shared_experts to FusedMoEFactory, so the smallest names
+// are "experts.gate.weight", "experts.gate.e_score_correction_bias" (before
 // "experts.routed_experts.e_score_correction_bias"), "experts._shared_experts._layer.*" and
 // "experts.routed_experts.w13_weight". With sequence-parallel MoE the shared experts are built with
 // disable_tp: whole on every rank.
