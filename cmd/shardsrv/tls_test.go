@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,14 +48,22 @@ func newTestCA(t *testing.T) *testCA {
 	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-// issue writes a leaf certificate with serial and its key to certFile and keyFile.
-func (ca *testCA) issue(t *testing.T, serial int64, certFile, keyFile string) {
+// issue writes a leaf certificate with serial for names (IP addresses or DNS names), for servers
+// and clients, and its key to certFile and keyFile.
+func (ca *testCA) issue(t *testing.T, serial int64, certFile, keyFile string, names ...string) {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "shardsrv"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	for _, name := range names {
+		if ip := net.ParseIP(name); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, name)
+		}
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
@@ -68,6 +77,58 @@ func (ca *testCA) issue(t *testing.T, serial int64, certFile, keyFile string) {
 	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// freeAddr is a loopback address nothing listens on as it returns.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// logBuffer is a process's log, read while the process writes it.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startServe runs `shardsrv serve --addr addr args...` over TLS as a process of its own until the
+// test ends, and returns once addr completes TLS handshakes; the log is what the process wrote.
+func startServe(t *testing.T, addr string, args ...string) *logBuffer {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), runMainEnv+"="+strings.Join(append([]string{"serve", "--addr", addr}, args...), "\n"))
+	logs := &logBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}); err == nil {
+			c.Close()
+			return logs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server did not start:\n%s", logs.String())
+		}
 	}
 }
 
@@ -99,29 +160,10 @@ func TestTLSEndToEndWithARotatedCertificate(t *testing.T) {
 	ca := newTestCA(t)
 	caFile, certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	os.WriteFile(caFile, ca.pem, 0o644)
-	ca.issue(t, 100, certFile, keyFile)
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := l.Addr().String()
-	l.Close()
-	args := []string{"serve", "--store", store, "--addr", addr, "--tls-cert-file", certFile, "--tls-key-file", keyFile}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), runMainEnv+"="+strings.Join(args, "\n"))
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ca.issue(t, 100, certFile, keyFile, "127.0.0.1")
+	addr := freeAddr(t)
+	logs := startServe(t, addr, "--store", store, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
 	url := "https://" + addr
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server did not start:\n%s", logs.String())
-		}
-	}
 	if serial, proto := servedSerial(t, caFile, url); serial != 100 || proto != 2 {
 		t.Errorf("served certificate %d over HTTP/%d, want 100 over HTTP/2", serial, proto)
 	}
@@ -142,7 +184,7 @@ func TestTLSEndToEndWithARotatedCertificate(t *testing.T) {
 		t.Errorf("without --ca-file: %v, %s; want a certificate error, not retried", err, errs.String())
 	}
 
-	ca.issue(t, 101, certFile, keyFile) // as cert-manager renews the Secret's files
+	ca.issue(t, 101, certFile, keyFile, "127.0.0.1") // as cert-manager renews the Secret's files
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		serial, _ := servedSerial(t, caFile, url)
 		if serial == 101 {
@@ -170,18 +212,10 @@ func TestTLSClientCertificates(t *testing.T) {
 	ca := newTestCA(t)
 	caFile, certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	os.WriteFile(caFile, ca.pem, 0o644)
-	ca.issue(t, 7, certFile, keyFile)
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := l.Addr().String()
-	l.Close()
-	args := []string{"serve", "--store", store, "--addr", addr, "--tls-cert-file", certFile, "--tls-key-file", keyFile,
-		"--tls-client-ca-file", caFile}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), runMainEnv+"="+strings.Join(args, "\n"))
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ca.issue(t, 7, certFile, keyFile, "127.0.0.1")
+	addr := freeAddr(t)
+	startServe(t, addr, "--store", store, "--tls-cert-file", certFile, "--tls-key-file", keyFile,
+		"--tls-client-ca-file", caFile)
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.cert)
 	pair, err := tls.LoadX509KeyPair(certFile, keyFile) // a certificate of the CA, as a client's
