@@ -30,7 +30,7 @@ all: build
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/shardsrv
 
-## run: generate the example checkpoint into .run/ and serve it on $(ADDR)
+## run: write the example checkpoint and requests into the store .run/checkpoints and serve it on $(ADDR)
 run: build
 	@$(BIN) example --out .run/checkpoints --addr $(ADDR)
 	@echo

@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/shardsrv/shardsrv/api"
@@ -28,7 +29,7 @@ const usage = `shardsrv serves remapped tensor shards from safetensors checkpoin
 Usage:
   shardsrv serve   [flags]                      run the HTTP service (see 'shardsrv serve -h')
   shardsrv version                              print the version
-  shardsrv example --out DIR                    write the example checkpoint and requests, print curl commands
+  shardsrv example --out DIR                    write the example checkpoint and requests into DIR, print curls
   shardsrv layout  --checkpoint NAME --tp N --rank R [--ep] [--format json|table]
                                                 print the tensors vLLM holds on a rank (a request body, or a table)
   shardsrv plan    --request FILE               show what a request reads: a table per tensor
@@ -108,7 +109,9 @@ func writeExample(args []string, stdout io.Writer) error {
 	out := fs.String(
 		"out",
 		".run/checkpoints",
-		"`DIR` to write the example checkpoint folder into; requests go next to it",
+		"the store `DIR` to write into: the checkpoint goes to DIR/"+example.Name+" and the example requests to DIR/"+
+			example.RequestsDir+" (not a checkpoint: the server does not list it), nothing outside DIR; serve it "+
+			"with 'shardsrv serve --store DIR'",
 	)
 	addr := fs.String("addr", "localhost:8080", "server address the printed curl commands use")
 	if err := fs.Parse(args); err != nil {
@@ -120,8 +123,9 @@ func writeExample(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(
 		stdout,
-		"Wrote checkpoint %q to %s. Try:\n%s",
-		example.Name,
+		"Wrote checkpoint %s and its requests %s (serve them: shardsrv serve --store %s). Try:\n%s",
+		filepath.Join(*out, example.Name),
+		filepath.Join(*out, example.RequestsDir),
 		*out,
 		example.CurlExamples(*addr, requests),
 	)

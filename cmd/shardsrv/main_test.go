@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -113,5 +117,27 @@ func TestS3StoreGetsObjectStorageDefaults(t *testing.T) {
 		c.planner.MaxOverread != 16 ||
 		c.cache.Bytes != 512<<20 {
 		t.Errorf("%+v %+v: s3 defaults apply where no flag is given", s3, c.planner)
+	}
+}
+
+// `shardsrv example --out DIR` writes nothing outside DIR, and every file its curls send is there.
+func TestExampleCurlsSendFilesInsideItsDirectory(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "store")
+	var out bytes.Buffer
+	if err := writeExample([]string{"--out", dir}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(parent); len(entries) != 1 {
+		t.Errorf("wrote beside %s: %v", dir, entries)
+	}
+	sent := regexp.MustCompile(`-d @(\S+)`).FindAllStringSubmatch(out.String(), -1)
+	if len(sent) == 0 || !strings.Contains(out.String(), "shardsrv serve --store "+dir) {
+		t.Fatalf("no request files or no serve command in:\n%s", out.String())
+	}
+	for _, m := range sent {
+		if _, err := os.Stat(m[1]); err != nil || !strings.HasPrefix(m[1], dir+string(filepath.Separator)) {
+			t.Errorf("a curl sends %s: %v, want a file inside %s", m[1], err, dir)
+		}
 	}
 }

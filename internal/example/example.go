@@ -24,6 +24,9 @@ import (
 // Name is the example checkpoint's folder.
 const Name = "qwen2-moe-tiny"
 
+// RequestsDir is the folder beside the checkpoint that the example requests are written into.
+const RequestsDir = "requests"
+
 // The example model's dimensions.
 const (
 	Hidden       = 64
@@ -93,7 +96,9 @@ func files() [][]safetensors.TensorData {
 	return [][]safetensors.TensorData{file1, file2}
 }
 
-// Generate writes the checkpoint under dir/Name and the example requests under dir/../requests.
+// Generate writes the checkpoint into dir/Name and the example requests into dir/RequestsDir,
+// nothing outside dir, so that dir is a store to serve: the catalog lists only directories
+// holding an index or a model.safetensors, which RequestsDir does not.
 func Generate(dir string) (requests []string, err error) {
 	ckdir := filepath.Join(dir, Name)
 	if err := os.MkdirAll(ckdir, 0o755); err != nil {
@@ -129,7 +134,7 @@ func Generate(dir string) (requests []string, err error) {
 			return nil, err
 		}
 	}
-	reqdir := filepath.Join(filepath.Dir(filepath.Clean(dir)), "requests")
+	reqdir := filepath.Join(dir, RequestsDir)
 	if err := os.MkdirAll(reqdir, 0o755); err != nil {
 		return nil, err
 	}
