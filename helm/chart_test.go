@@ -336,16 +336,30 @@ func TestTLS(t *testing.T) {
 		t.Errorf("TLS files, peers over https and probes over HTTPS: %+v", c.Env)
 	}
 	// Peers are reached at pod addresses: the name their certificates are checked for is the
-	// Service's, which the Certificate names; an existing Secret's names are not the chart's to know.
+	// Service's, which the Certificate names, or tls.peerServerName, which the Certificate then
+	// names too; an existing Secret's names are not the chart's to know, so only the value names one.
 	names, _ := spec["dnsNames"].([]any)
 	if e := env(c, "SHARDSRV_PEER_SERVER_NAME"); e == nil || e.Value != "rel-shardsrv.ml.svc" ||
 		!slices.Contains(names, any(e.Value)) {
 		t.Errorf("--peer-server-name is a name of the Certificate (%v): %+v", names, e)
 	}
+	r = render(t, "--set", "tls.enabled=true,tls.certManager.enabled=true,cluster.enabled=true",
+		"--set", "tls.certManager.issuerRef.name=internal-ca,tls.peerServerName=peers.ml.example")
+	spec, _ = r.certificate["spec"].(map[string]any)
+	names, _ = spec["dnsNames"].([]any)
+	if e := env(r.deployment.Spec.Template.Spec.Containers[0], "SHARDSRV_PEER_SERVER_NAME"); e == nil ||
+		e.Value != "peers.ml.example" || !slices.Contains(names, any(e.Value)) || !slices.Contains(names, any("rel-shardsrv.ml.svc")) {
+		t.Errorf("tls.peerServerName is --peer-server-name and a name of the Certificate (%v): %+v", names, e)
+	}
 	r = render(t, "--set", "tls.enabled=true,tls.existingSecret=mine,cluster.enabled=true")
 	if c := r.deployment.Spec.Template.Spec.Containers[0]; env(c, "SHARDSRV_PEER_SERVER_NAME") != nil ||
 		env(c, "SHARDSRV_PEER_CA_FILE") == nil {
 		t.Errorf("with an existing Secret: its ca.crt and no name: %+v", c.Env)
+	}
+	r = render(t, "--set", "tls.enabled=true,tls.existingSecret=mine,cluster.enabled=true,tls.peerServerName=shardsrv.ml.svc")
+	if c := r.deployment.Spec.Template.Spec.Containers[0]; env(c, "SHARDSRV_PEER_CA_FILE") == nil ||
+		env(c, "SHARDSRV_PEER_SERVER_NAME") == nil || env(c, "SHARDSRV_PEER_SERVER_NAME").Value != "shardsrv.ml.svc" {
+		t.Errorf("with an existing Secret and tls.peerServerName: its ca.crt and the name: %+v", c.Env)
 	}
 	out, err := exec.Command(helmBinary(t), "template", "rel", chart, "--set", "tls.enabled=true").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "tls.existingSecret or tls.certManager.enabled") {

@@ -41,6 +41,17 @@ number as a whole number (YAML numbers arrive as floats, which would print as 1.
 {{- .Values.tls.existingSecret | default (printf "%s-tls" (include "shardsrv.fullname" .)) -}}
 {{- end -}}
 
+{{- /* The name replicas check each other's certificates for (--peer-server-name): tls.peerServerName,
+or the Service's name the chart's Certificate carries; none with an existing Secret left unnamed, whose
+chain alone then admits a peer. */ -}}
+{{- define "shardsrv.peerServerName" -}}
+{{- if .Values.tls.peerServerName -}}
+{{- .Values.tls.peerServerName -}}
+{{- else if .Values.tls.certManager.enabled -}}
+{{- include "shardsrv.fullname" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}
+{{- end -}}
+
 {{- define "shardsrv.scheme" -}}
 {{- if .Values.tls.enabled }}https{{ else }}http{{ end -}}
 {{- end -}}
