@@ -34,6 +34,7 @@ type segmenter struct {
 	copies    []stridedCopy
 	directs   []Read
 	pending   []Read
+	merging   []Read  // the second buffer of share's merges
 	lay       scratch // a copy's layout before it is kept
 	fused     scratch // a fused copy's layout
 	group     fusion
@@ -585,18 +586,23 @@ func (s *segmenter) spans(l tensor.Strided, src, elem int64) ([][3]int64, error)
 // coalesce sorts reads by file and offset and merges those that overlap, and those the cost model
 // says are cheaper read as one. It works in place and returns the start of reads.
 func coalesce(reads []Read, opts Options) []Read {
+	slices.SortFunc(reads, byFileOffset)
+	return mergeSorted(reads, opts)
+}
+
+// byFileOffset orders reads by file, then offset.
+func byFileOffset(a, b Read) int {
+	if a.Key != b.Key {
+		return strings.Compare(a.Key, b.Key)
+	}
+	return cmp.Compare(a.Offset, b.Offset)
+}
+
+// mergeSorted is coalesce of reads already in byFileOffset order.
+func mergeSorted(reads []Read, opts Options) []Read {
 	if len(reads) == 0 {
 		return nil
 	}
-	slices.SortFunc(reads, func(a, b Read) int {
-		if a.Key != b.Key {
-			if a.Key < b.Key {
-				return -1
-			}
-			return 1
-		}
-		return int(min(max(a.Offset-b.Offset, -1), 1))
-	})
 	out := reads[:1]
 	for _, r := range reads[1:] {
 		last := &out[len(out)-1]
@@ -610,6 +616,18 @@ func coalesce(reads []Read, opts Options) []Read {
 		out = append(out, r)
 	}
 	return out
+}
+
+// mergeRuns appends to out the reads of a and b, each in byFileOffset order, in that order.
+func mergeRuns(out, a, b []Read) []Read {
+	for len(a) > 0 && len(b) > 0 {
+		if byFileOffset(b[0], a[0]) < 0 {
+			out, b = append(out, b[0]), b[1:]
+		} else {
+			out, a = append(out, a[0]), a[1:]
+		}
+	}
+	return append(append(out, a...), b...)
 }
 
 // touched counts the distinct source elements of a copy: broadcast dimensions read nothing new.
@@ -692,24 +710,22 @@ func (s *segmenter) share(it *Item) error {
 		return nil
 	}
 	var own, ownBytes int64
-	union := s.pending[:0]
-	defer func() { s.pending = union[:0] }()
-	compactAt := compactReads
+	// Each segment's spans are coalesced, so in file and offset order: the union grows by merging
+	// them in, never by sorting (a transpose's segments hold a hundred thousand spans).
+	union, next := s.pending[:0], s.merging[:0]
+	defer func() { s.pending, s.merging = union[:0], next[:0] }()
 	for i := range it.Segments {
-		for _, r := range it.Segments[i].Spans {
+		spans := it.Segments[i].Spans
+		for _, r := range spans {
 			own++
 			ownBytes += r.Length
-			union = append(union, r)
 		}
-		if len(union) > compactAt {
-			union = coalesce(union, s.opts)
-			compactAt = max(compactReads, 2*len(union))
-		}
+		next = mergeSorted(mergeRuns(next[:0], union, spans), s.opts)
+		union, next = next, union
 		if s.c.tick(1) {
 			return s.c.err
 		}
 	}
-	union = coalesce(union, s.opts)
 	var bytes int64
 	for _, r := range union {
 		bytes += r.Length
