@@ -48,10 +48,14 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 		&c.token,
 		"token",
 		os.Getenv("SHARDSRV_TOKEN"),
-		"bearer token, if the server wants one (SHARDSRV_TOKEN)",
+		"bearer `TOKEN`, if the server wants one (SHARDSRV_TOKEN)",
 	)
 	fs.StringVar(&c.caFile, "ca-file", os.Getenv("SHARDSRV_CA_FILE"), "trust the CA certificates in this PEM `FILE` "+
 		"for an https:// server, in place of the system's (SHARDSRV_CA_FILE)")
+}
+
+// registerDigest registers --no-digest, for the commands that receive shards.
+func (c *clientFlags) registerDigest(fs *flag.FlagSet) {
 	fs.BoolVar(&c.noDigest, "no-digest", false, "decline the server's Repr-Digest of each shard "+
 		"(bodies are then checked for length only; the server may send local files without copying)")
 }
@@ -443,8 +447,10 @@ Interrupted (Ctrl-C, SIGTERM), fetch removes its temporary files; a rerun remove
 one left, and skips each rank file already complete: .NAME.fetched beside it records the request,
 the size and the SHA-256, checked against the file before it is skipped.
 
-Overload, storage trouble and broken connections are retried with jittered backoff, each retry
-logged on stderr; a request the server refuses (4xx) is not. A progress bar shows on a terminal.
+Overload (408, 409 for a file replaced meanwhile, 429), storage trouble (a 502, 503 or 504 whose
+problem does not say "retryable": false), broken connections and digest mismatches are retried
+with jittered backoff, each retry logged on stderr; no other refusal is. A progress bar shows on
+a terminal.
 
 Examples:
   shardsrv fetch --server http://localhost:8080 --request rank1.json -o rank1.bin
@@ -471,9 +477,10 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("fetch", fetchUsage, stderr)
 	var cf clientFlags
 	cf.register(fs)
+	cf.registerDigest(fs)
 	reqPath := fs.String("request", "", "shard request `FILE` (JSON; - for stdin)")
 	out := fs.String("o", "", "with --request: output `FILE`, or - for stdout")
-	ckpt := fs.String("checkpoint", "", "with --layout: checkpoint `NAME` on the server")
+	ckpt := fs.String("checkpoint", "", "with --layout or --small-files: checkpoint `NAME` on the server")
 	dir := fs.String(
 		"out",
 		"",
@@ -482,7 +489,7 @@ func fetch(args []string, stdout, stderr io.Writer) error {
 	smallOnly := fs.Bool("small-files", false, "with --checkpoint and --out, no --layout: write the checkpoint's "+
 		"small files only (config.json, tokenizer and generation config), the model directory a vLLM with the "+
 		"shardsrv plugin loads")
-	parallel := fs.Int("parallel", defaultParallel, "with --layout: rank files fetched at a `N`umber at a time")
+	parallel := fs.Int("parallel", defaultParallel, "with --layout: how many rank files are fetched at once (`N`)")
 	var lf layoutFlags
 	lf.register(fs, "layout", "", "with --layout: the TP `RANK` to fetch, a list (0,3,5), or all")
 	if err := parse(fs, args); err != nil {

@@ -1,6 +1,6 @@
 // Command shardsrv serves remapped tensor shards from safetensors checkpoints.
 //
-//	shardsrv serve   --addr HOST:PORT --store DIR|file://DIR|s3://BUCKET/PREFIX [--s3-endpoint URL]
+//	shardsrv serve   --addr HOST:PORT --store DIR|file://DIR|s3://BUCKET/PREFIX|gs://…|az://… [flags]
 //	shardsrv example --out DIR
 //
 // Every flag of serve can also be set by an environment variable: SHARDSRV_ and the flag name in
@@ -30,21 +30,23 @@ Usage:
   shardsrv serve   [flags]                      run the HTTP service (see 'shardsrv serve -h')
   shardsrv version                              print the version
   shardsrv example --out DIR                    write the example checkpoint and requests into DIR, print curls
-  shardsrv layout  --checkpoint NAME --tp N --rank R [--ep] [--format json|table]
-                                                print the tensors vLLM holds on a rank (a request body, or a table)
+  shardsrv layout  --checkpoint NAME [--engine vllm|sglang|megatron] --tp N --rank R [--ep] [--format json|table]
+                                                print the tensors an engine holds on a rank (a request body, or a table)
   shardsrv plan    --request FILE               show what a request reads: a table per tensor
   shardsrv fetch   --request FILE -o OUT|-      fetch a shard into a file or stdout (progress on a terminal)
-  shardsrv fetch   --checkpoint NAME --layout vllm --tp N --rank R|all --out DIR
-                                                write a directory vLLM loads with --load-format sharded_state
+  shardsrv fetch   --checkpoint NAME --layout vllm|sglang --tp N --rank R|all --out DIR
+                                                write a directory vLLM or SGLang loads with --load-format sharded_state
   shardsrv prefetch --checkpoint NAME [--layout vllm --tp N --rank R|all]
                                                 warm the (shared) cache with a checkpoint or ranks
-  shardsrv sign    --key KEY.pem DIR|s3://BUCKET/PREFIX
+  shardsrv sign    --key KEY.pem DIR|STORE-URL
                                                 sign a checkpoint folder (OpenSSF Model Signing, model.sig)
-  shardsrv verify  --trust-key PUB.pem DIR|s3://BUCKET/PREFIX
+  shardsrv verify  --trust-key PUB.pem DIR|STORE-URL
                                                 check a signed checkpoint folder, every byte
 
-The client commands take --server URL (SHARDSRV_SERVER, default http://localhost:8080) and --token
-(SHARDSRV_TOKEN); 'shardsrv COMMAND -h' explains each command's flags, with examples.
+The client commands take --server URL (SHARDSRV_SERVER, default http://localhost:8080), --token
+(SHARDSRV_TOKEN) and, for an https:// server whose CA the system does not trust, --ca-file
+(SHARDSRV_CA_FILE); a STORE-URL is one --store of serve takes (s3://, gs://, az://, file://).
+'shardsrv COMMAND -h' explains each command's flags, with examples.
 
 A client POSTs the boxes of destination tensors it holds and the remap table (blocks) to
 /v1/shards, or an engine's rank ("layout") that the server expands; the service reads only the
@@ -61,7 +63,7 @@ func main() {
 	case "serve":
 		err = serve(os.Args[2:], os.Stderr)
 	case "example":
-		err = writeExample(os.Args[2:], os.Stdout)
+		err = writeExample(os.Args[2:], os.Stdout, os.Stderr)
 	case "fetch":
 		err = fetch(os.Args[2:], os.Stdout, os.Stderr)
 	case "plan":
@@ -104,17 +106,23 @@ func errorLine(err error) string {
 	return "shardsrv: " + strings.TrimPrefix(msg, "shardsrv: ")
 }
 
-func writeExample(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("example", flag.ContinueOnError)
-	out := fs.String(
-		"out",
-		".run/checkpoints",
-		"the store `DIR` to write into: the checkpoint goes to DIR/"+example.Name+" and the example requests to DIR/"+
-			example.RequestsDir+" (not a checkpoint: the server does not list it), nothing outside DIR; serve it "+
-			"with 'shardsrv serve --store DIR'",
-	)
-	addr := fs.String("addr", "localhost:8080", "server address the printed curl commands use")
-	if err := fs.Parse(args); err != nil {
+const exampleUsage = `Usage: shardsrv example [--out DIR] [--addr HOST:PORT]
+
+Writes a store holding the example checkpoint (` + example.Name + `, a tiny Qwen2-MoE with its
+config and tokenizer) into DIR/` + example.Name + ` and example shard requests into
+DIR/` + example.RequestsDir + `, nothing outside DIR, and prints curl commands for a server of that
+store. DIR/` + example.RequestsDir + ` is not a checkpoint: the server does not list it.
+
+Example (what 'make run' does):
+  shardsrv example --out .run/checkpoints
+  shardsrv serve --store .run/checkpoints
+`
+
+func writeExample(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("example", exampleUsage, stderr)
+	out := fs.String("out", ".run/checkpoints", "the store `DIR` to write into")
+	addr := fs.String("addr", "localhost:8080", "server address (`HOST:PORT`) the printed curl commands use")
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	requests, err := example.Generate(*out)

@@ -125,7 +125,7 @@ func TestExampleCurlsSendFilesInsideItsDirectory(t *testing.T) {
 	parent := t.TempDir()
 	dir := filepath.Join(parent, "store")
 	var out bytes.Buffer
-	if err := writeExample([]string{"--out", dir}, &out); err != nil {
+	if err := writeExample([]string{"--out", dir}, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if entries, _ := os.ReadDir(parent); len(entries) != 1 {

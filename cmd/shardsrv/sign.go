@@ -20,7 +20,7 @@ import (
 	"github.com/shardsrv/shardsrv/internal/verify"
 )
 
-const signUsage = `Usage: shardsrv sign --key KEY.pem [--shard-size SIZE] [--out FILE] DIR|s3://BUCKET/PREFIX
+const signUsage = `Usage: shardsrv sign --key KEY.pem [--shard-size SIZE] [--out FILE] DIR|STORE-URL
 
 Signs a checkpoint folder: hashes every file in shards (OpenSSF Model Signing v1.0, method
 "shards") and writes model.sig, a Sigstore bundle signed with KEY.pem (ECDSA P-256/P-384/P-521 or
@@ -34,13 +34,20 @@ Example:
   openssl pkey -in key.pem -pubout -out key.pub.pem
   shardsrv sign --key key.pem .run/checkpoints/qwen2-moe-tiny
   shardsrv serve --store .run/checkpoints --verify required --trust-key key.pub.pem
-`
+` + storeURLUsage
 
-const verifyUsage = `Usage: shardsrv verify --trust-key PUB.pem DIR|s3://BUCKET/PREFIX
+const verifyUsage = `Usage: shardsrv verify --trust-key PUB.pem DIR|STORE-URL
 
 Checks a signed checkpoint end to end: model.sig's signature against the trusted key, then every
 byte of every file it lists, and that the folder holds no file it does not cover. Prints the
 signed subject digest. A progress bar shows on a terminal.
+` + storeURLUsage
+
+// storeURLUsage says what sign and verify take besides a directory.
+const storeURLUsage = `
+A STORE-URL is a checkpoint folder in an object store, as serve's --store names one
+(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://ACCOUNT/CONTAINER/PREFIX), reached with the
+store's usual credentials; a local S3 is named by AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL.
 `
 
 // DefaultShardBytes is the shard size sign uses: a verified read is widened by less than two of
