@@ -34,7 +34,7 @@ build:
 run: build
 	@$(BIN) example --out .run/checkpoints --addr $(ADDR)
 	@echo
-	@echo "Serving on http://$(ADDR) (Ctrl-C to stop)"
+	@echo "Serving on http://$(ADDR) (Ctrl-C to stop: it drains for 5 s as in a pod, a second Ctrl-C ends that)"
 	@$(BIN) serve --store .run/checkpoints --addr $(ADDR)
 
 ## tools: install what the tests run (S3, GCS and Azure Blob servers, helm), pinned, into .tools/bin

@@ -70,7 +70,7 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.addr, "addr", ":8080", "`HOST:PORT` to listen on")
-	fs.StringVar(&c.store, "store", "", "where checkpoints are: "+storeForms()+
+	fs.StringVar(&c.store, "store", "", "the `STORE` the checkpoints are in: "+storeForms()+
 		"; each checkpoint is a folder (key prefix) in it (required)")
 	for _, o := range c.objectStores {
 		o.RegisterFlags(fs)
