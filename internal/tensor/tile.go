@@ -150,7 +150,21 @@ func pack8(w []uint64, rw int64, s []byte, sb, na, nb int64) {
 	}
 }
 
+// pack4 packs the corner the vector kernel can, then the elements right of it and the rows below
+// it with the word loop.
 func pack4(w []uint64, rw int64, s []uint16, sb, na, nb int64) {
+	va, vb := pack4Vector(w, rw, s, sb, na, nb)
+	if va < na {
+		pack4Words(w[va*rw:], rw, s[va:], sb, na-va, vb)
+	}
+	if vb < nb {
+		pack4Words(w[vb/4:], rw, s[vb*sb:], sb, na, nb-vb)
+	}
+}
+
+// pack4Words is pack4 over 64-bit words: the portable loop, and the reference the vector one is
+// tested against.
+func pack4Words(w []uint64, rw int64, s []uint16, sb, na, nb int64) {
 	for b := int64(0); b < nb; b += 4 {
 		c0, c1, c2, c3 := s[b*sb:][:na], s[min(b+1, nb-1)*sb:][:na], s[min(b+2, nb-1)*sb:][:na], s[min(b+3, nb-1)*sb:][:na]
 		out := w[b/4:]
