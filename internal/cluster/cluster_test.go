@@ -137,22 +137,24 @@ func TestEveryChunkIsReadFromStorageOnce(t *testing.T) {
 	}
 }
 
+// readWithin is the deadline of a read in these tests: far past what a read takes and far below
+// the hour-long peer time-outs some of them set, so a read that waited for one fails with it.
+const readWithin = 30 * time.Second
+
 func TestADeadPeerCostsBytesNotAFailure(t *testing.T) {
 	data := pattern(64 * chunk)
-	rs, counting, put := newCluster(t, 2, 5*time.Second, data)
+	rs, counting, put := newCluster(t, 2, time.Hour, data)
 	put("m/g", data)
 	rs[1].srv.CloseClientConnections()
 	rs[1].srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), readWithin)
+	defer cancel()
 	var errs int64
 	for _, key := range []string{"m/f", "m/g"} {
 		info, _ := rs[0].top.Stat(context.Background(), key)
-		start := time.Now()
 		p := make([]byte, len(data))
-		if err := rs[0].top.ReadAt(context.Background(), key, info.Version, p, 0); err != nil || !bytes.Equal(p, data) {
-			t.Fatalf("ReadAt with a dead peer: %v", err)
-		}
-		if took := time.Since(start); took > 2*time.Second {
-			t.Errorf("the read took %s: a dead peer must be skipped at once", took)
+		if err := rs[0].top.ReadAt(ctx, key, info.Version, p, 0); err != nil || !bytes.Equal(p, data) {
+			t.Fatalf("ReadAt with a dead peer: %v; a dead peer is skipped at once, not waited for", err)
 		}
 		if key == "m/f" {
 			errs = rs[0].cl.Stats().PeerErrors
@@ -165,19 +167,22 @@ func TestADeadPeerCostsBytesNotAFailure(t *testing.T) {
 	}
 }
 
+// The stalled peer never answers: the read ends, within its deadline, only by the 200 ms peer
+// time-out, which leaves the peer out.
 func TestASlowPeerIsSkippedWithinTheTimeout(t *testing.T) {
-	data := pattern(8 * chunk)
+	data := pattern(64 * chunk) // 64 stripes: the stalled peer owns some
 	rs, _, _ := newCluster(t, 2, 200*time.Millisecond, data)
 	rs[1].hold = make(chan struct{})
 	defer close(rs[1].hold)
 	v := version(t, rs[0].top)
-	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), readWithin)
+	defer cancel()
 	p := make([]byte, len(data))
-	if err := rs[0].top.ReadAt(context.Background(), "m/f", v, p, 0); err != nil || !bytes.Equal(p, data) {
+	if err := rs[0].top.ReadAt(ctx, "m/f", v, p, 0); err != nil || !bytes.Equal(p, data) {
 		t.Fatalf("ReadAt with a stalled peer: %v", err)
 	}
-	if took := time.Since(start); took > 2*time.Second {
-		t.Errorf("the read took %s with a 200ms peer time-out", took)
+	if st := rs[0].cl.Stats(); st.PeerErrors == 0 || st.Peers != 1 {
+		t.Errorf("%+v: the fetches from the stalled peer time out and leave it out", st)
 	}
 }
 
@@ -188,7 +193,7 @@ func TestAWaitForAHungPeerEndsWhenItIsFoundDown(t *testing.T) {
 	for _, how := range []string{"found down", "gone from the peers"} {
 		t.Run(how, func(t *testing.T) {
 			data := pattern(8 * chunk)
-			rs, _, _ := newCluster(t, 2, time.Minute, data)
+			rs, _, _ := newCluster(t, 2, time.Hour, data)
 			rs[1].hold = make(chan struct{})
 			defer close(rs[1].hold)
 			v := version(t, rs[0].top)
@@ -203,15 +208,18 @@ func TestAWaitForAHungPeerEndsWhenItIsFoundDown(t *testing.T) {
 			if c.Length == 0 {
 				t.Fatal("the second replica owns no chunk")
 			}
+			// The peer time-out is an hour: a read that ends within its deadline ended because
+			// the peer was found down.
+			ctx, cancel := context.WithTimeout(context.Background(), readWithin)
+			defer cancel()
 			done := make(chan error, 1)
 			p := make([]byte, chunk)
-			go func() { done <- rs[0].top.ReadAt(context.Background(), c.Key, v, p, c.Offset) }()
+			go func() { done <- rs[0].top.ReadAt(ctx, c.Key, v, p, c.Offset) }()
 			for deadline := time.Now().Add(5 * time.Second); !rs[0].cl.Waits(c); time.Sleep(time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatal("the replica never waited for its peer")
 				}
 			}
-			start := time.Now()
 			if how == "found down" {
 				rs[0].cl.Heard(rs[1].srv.URL)
 			} else {
@@ -220,16 +228,8 @@ func TestAWaitForAHungPeerEndsWhenItIsFoundDown(t *testing.T) {
 			if rs[0].cl.Waits(c) {
 				t.Error("still refusing the chunk after its owner was " + how)
 			}
-			select {
-			case err := <-done:
-				if err != nil || !bytes.Equal(p, data[c.Offset:c.Offset+chunk]) {
-					t.Errorf("read: %v", err)
-				}
-				if time.Since(start) > 2*time.Second {
-					t.Errorf("the read ended %s after its peer was %s", time.Since(start), how)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("the fetch from a peer %s did not end", how)
+			if err := <-done; err != nil || !bytes.Equal(p, data[c.Offset:c.Offset+chunk]) {
+				t.Errorf("read: %v; the wait for a peer %s ends at once", err, how)
 			}
 		})
 	}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/planner"
@@ -56,6 +57,11 @@ func checkDigest(t *testing.T, res *http.Response, body []byte) {
 	}
 }
 
+// postWithin is how long postShards waits for the whole answer: a hundred times the shortest
+// request time-out a test sets (300 ms), and far below the hangs some tests guard against, which
+// fail the post with it.
+const postWithin = 30 * time.Second
+
 // postShards sends a shard request with extra header lines (name, value, ...) and reads the whole
 // response.
 func postShards(t *testing.T, url string, req api.ShardRequest, header ...string) (*http.Response, []byte) {
@@ -66,7 +72,7 @@ func postShards(t *testing.T, url string, req api.ShardRequest, header ...string
 	for i := 0; i+1 < len(header); i += 2 {
 		hreq.Header.Add(header[i], header[i+1])
 	}
-	res, err := http.DefaultClient.Do(hreq)
+	res, err := (&http.Client{Timeout: postWithin}).Do(hreq)
 	if err != nil {
 		t.Fatal(err)
 	}

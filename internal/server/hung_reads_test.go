@@ -3,7 +3,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -38,21 +37,6 @@ func fifoServer(t *testing.T, st store.Store, requestTimeout time.Duration) stri
 	return ts.URL
 }
 
-// timedPost posts a shard request with a client deadline well past what the server may take.
-func timedPost(t *testing.T, url string, req api.ShardRequest) (*http.Response, []byte, time.Duration) {
-	raw, _ := json.Marshal(req)
-	start := time.Now()
-	c := &http.Client{Timeout: 10 * time.Second}
-	res, err := c.Post(url+"/v1/shards", "application/json", bytes.NewReader(raw))
-	if err != nil {
-		t.Fatalf("after %v: %v", time.Since(start), err)
-	}
-	defer res.Body.Close()
-	var body bytes.Buffer
-	body.ReadFrom(res.Body)
-	return res, body.Bytes(), time.Since(start)
-}
-
 // An indexed file replaced by a FIFO after the catalog read its header: opening a FIFO for
 // reading waits for a writer, so the store must refuse it before: a problem, at once.
 func TestAFIFOInPlaceOfAFileFailsFast(t *testing.T) {
@@ -72,7 +56,8 @@ func TestAFIFOInPlaceOfAFileFailsFast(t *testing.T) {
 		0o644,
 	)
 	st, _ := store.NewLocal(dir)
-	url := fifoServer(t, st, 30*time.Second)
+	// The request time-out is an hour: a problem before postShards gives up is the store's refusal.
+	url := fifoServer(t, st, time.Hour)
 	if r, err := http.Get(url + "/v1/tensors?checkpoint=m"); err != nil || r.StatusCode != 200 {
 		t.Fatalf("the catalog reads the checkpoint: %v %v", r, err)
 	}
@@ -90,16 +75,9 @@ func TestAFIFOInPlaceOfAFileFailsFast(t *testing.T) {
 		api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{16}, Boxes: whole(16), Blocks: copyOf("w", 16)},
 	)
 	for i := range 2 { // the first finds the FIFO under the cached catalog; the second resolves again
-		res, body, took := timedPost(t, url, req)
-		if took > time.Second || res.StatusCode < 400 ||
-			!strings.Contains(res.Header.Get("Content-Type"), "problem+json") {
-			t.Errorf(
-				"request %d for a FIFO: %d %s after %v; want a problem well under a second",
-				i,
-				res.StatusCode,
-				body,
-				took,
-			)
+		res, body := postShards(t, url, req)
+		if res.StatusCode < 400 || !strings.Contains(res.Header.Get("Content-Type"), "problem+json") {
+			t.Errorf("request %d for a FIFO: %d %s; want a problem", i, res.StatusCode, body)
 		}
 		if strings.Contains(string(body), dir) {
 			t.Errorf("the problem names a local path: %s", body)
@@ -139,13 +117,7 @@ func TestAReadThatNeverReturnsEndsAtTheTimeout(t *testing.T) {
 		"m",
 		api.TensorRequest{Name: "w", Dtype: api.U8, Shape: []int64{16}, Boxes: whole(16), Blocks: copyOf("w", 16)},
 	)
-	res, body, took := timedPost(t, url, req)
-	if took > 2*time.Second || res.StatusCode != http.StatusGatewayTimeout {
-		t.Errorf(
-			"a hung read: %d %s after %v; want a 504 soon after the 300 ms request timeout",
-			res.StatusCode,
-			body,
-			took,
-		)
+	if res, body := postShards(t, url, req); res.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("a hung read: %d %s; want a 504 at the 300 ms request timeout", res.StatusCode, body)
 	}
 }

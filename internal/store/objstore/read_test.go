@@ -128,18 +128,21 @@ func TestDoRetriesOnlyTransientErrors(t *testing.T) {
 	}
 }
 
+// giveUpWithin is the deadline of the context these tests call do with: 100 times the 300 ms
+// budgets and 15 times the refused connection's 2 s, and far below the hour's budget. A do that
+// ran past its budget ends with this deadline, which the tests tell from the store's giving up.
+const giveUpWithin = 30 * time.Second
+
 func TestDoStopsAtTheBudget(t *testing.T) {
-	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), giveUpWithin)
+	defer cancel()
 	var n atomic.Int64
-	err := testReader(300*time.Millisecond).do(context.Background(), "k", func(context.Context) error {
+	err := testReader(300*time.Millisecond).do(ctx, "k", func(context.Context) error {
 		n.Add(1)
 		return errBusy
 	})
-	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "attempts") {
-		t.Errorf("Do = %v, want ErrUnavailable after some attempts", err)
-	}
-	if took := time.Since(start); took > time.Second || n.Load() < 2 {
-		t.Errorf("%d attempts in %v, want several within the 300ms budget", n.Load(), took)
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "attempts") || n.Load() < 2 {
+		t.Errorf("Do = %v after %d attempts, want ErrUnavailable after several within the budget", err, n.Load())
 	}
 }
 
@@ -153,9 +156,10 @@ func TestDoGivesUpOnARefusedConnectionSoon(t *testing.T) {
 	l.Close()
 	r := testReader(time.Hour)
 	r.cfg.transient = func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
-	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), giveUpWithin)
+	defer cancel()
 	var n atomic.Int64
-	err = r.do(context.Background(), "k", func(ctx context.Context) error {
+	err = r.do(ctx, "k", func(ctx context.Context) error {
 		n.Add(1)
 		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 		if err == nil {
@@ -164,10 +168,7 @@ func TestDoGivesUpOnARefusedConnectionSoon(t *testing.T) {
 		return err
 	})
 	if !errors.Is(err, syscall.ECONNREFUSED) || n.Load() < 2 {
-		t.Errorf("Do = %v after %d attempts, want the refusal after a few", err, n.Load())
-	}
-	if took := time.Since(start); took > time.Minute {
-		t.Errorf("a refused connection was retried for %v of the hour's budget", took)
+		t.Errorf("Do = %v after %d attempts, want the refusal after a few, not the hour's budget", err, n.Load())
 	}
 }
 
