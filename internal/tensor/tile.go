@@ -174,7 +174,21 @@ func pack4Words(w []uint64, rw int64, s []uint16, sb, na, nb int64) {
 	}
 }
 
+// pack2 packs the corner the vector kernel can, then the elements right of it and the rows below
+// it with the word loop.
 func pack2(w []uint64, rw int64, s []uint32, sb, na, nb int64) {
+	va, vb := pack2Vector(w, rw, s, sb, na, nb)
+	if va < na {
+		pack2Words(w[va*rw:], rw, s[va:], sb, na-va, vb)
+	}
+	if vb < nb {
+		pack2Words(w[vb/2:], rw, s[vb*sb:], sb, na, nb-vb)
+	}
+}
+
+// pack2Words is pack2 over 64-bit words: the portable loop, and the reference the vector one is
+// tested against.
+func pack2Words(w []uint64, rw int64, s []uint32, sb, na, nb int64) {
 	for b := int64(0); b < nb; b += 2 {
 		c0, c1 := s[b*sb:][:na], s[min(b+1, nb-1)*sb:][:na]
 		out := w[b/2:]
