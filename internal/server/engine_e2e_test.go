@@ -99,17 +99,19 @@ func vrefDiff(got, want map[string]vllmref.Tensor) []string {
 	return out
 }
 
-func vrefReport(t *testing.T, what string, diffs []string) {
+// vrefReport fails the test with the first differences, if any, and says whether there were none.
+func vrefReport(t *testing.T, what string, diffs []string) bool {
 	t.Helper()
 	if len(diffs) == 0 {
-		return
+		return true
 	}
 	shown := diffs[:min(len(diffs), 6)]
-	t.Errorf("%s: %d differences from vllmref:\n  %s", what, len(diffs), strings.Join(shown, "\n  "))
+	t.Errorf("%s: %d differences from the reference:\n  %s", what, len(diffs), strings.Join(shown, "\n  "))
+	return false
 }
 
-// vrefParseSafetensors reads a safetensors body into tensors by name.
-func vrefParseSafetensors(t *testing.T, body []byte) map[string]vllmref.Tensor {
+// vrefParseSafetensors reads a safetensors body into tensors by name, and its __metadata__.
+func vrefParseSafetensors(t *testing.T, body []byte) (map[string]vllmref.Tensor, map[string]string) {
 	t.Helper()
 	n, err := safetensors.HeaderLen("body", body, int64(len(body)))
 	if err != nil {
@@ -123,7 +125,7 @@ func vrefParseSafetensors(t *testing.T, body []byte) map[string]vllmref.Tensor {
 	for _, x := range hdr.Tensors {
 		out[x.Name] = vllmref.Tensor{DType: x.DTypeName, Shape: x.Shape, Data: body[x.Begin:x.End]}
 	}
-	return out
+	return out, hdr.Metadata
 }
 
 func vrefIsProblem(res response, status int) bool {
@@ -165,7 +167,8 @@ func vrefCheckRank(
 		t.Errorf("%s: %d %s %.300s", what, res.status, res.header.Get("Content-Type"), res.body)
 		return
 	}
-	vrefReport(t, what, vrefDiff(vrefParseSafetensors(t, res.body), want))
+	got, _ := vrefParseSafetensors(t, res.body)
+	vrefReport(t, what, vrefDiff(got, want))
 }
 
 // vrefCheckRaw asks /v1/layouts for the rank's table, checks it names the reference's tensors each as
@@ -200,44 +203,13 @@ func vrefCheckRaw(t *testing.T, h *harness, name string, cfg []byte, hf map[stri
 		)
 		return
 	}
-	var table struct {
-		Checkpoint string `json:"checkpoint"`
-		Tensors    []struct {
-			Name  string  `json:"name"`
-			DType string  `json:"dtype"`
-			Shape []int64 `json:"shape"`
-			Boxes []struct {
-				Offsets []int64 `json:"offsets"`
-				Lengths []int64 `json:"lengths"`
-			} `json:"boxes"`
-		} `json:"tensors"`
-	}
-	if err := json.Unmarshal(lres.body, &table); err != nil {
-		t.Fatalf("%s: layouts response: %v", what, err)
-	}
+	table := vrefLayoutTable(t, what, lres.body)
 	if table.Checkpoint != name {
 		t.Errorf("%s: table of checkpoint %q", what, table.Checkpoint)
 	}
-	got := map[string]vllmref.Tensor{}
-	body := sres.body
-	for _, x := range table.Tensors {
-		if len(x.Boxes) != 1 || !slices.Equal(x.Boxes[0].Lengths, x.Shape) ||
-			slices.ContainsFunc(x.Boxes[0].Offsets, func(o int64) bool { return o != 0 }) {
-			t.Errorf("%s: %s has boxes %+v, want one box over its shape %v", what, x.Name, x.Boxes, x.Shape)
-		}
-		size := vllmref.ElemSize(x.DType)
-		for _, d := range x.Shape {
-			size *= d
-		}
-		if size > int64(len(body)) {
-			t.Errorf("%s: the raw body ends inside %s", what, x.Name)
-			return
-		}
-		got[x.Name] = vllmref.Tensor{DType: x.DType, Shape: x.Shape, Data: body[:size]}
-		body = body[size:]
-	}
-	if len(body) != 0 {
-		t.Errorf("%s: %d raw bytes after the last tensor", what, len(body))
+	got, ok := vrefSplitRaw(t, what, table, sres.body)
+	if !ok {
+		return
 	}
 	vrefReport(t, what, vrefDiff(got, want))
 	// /v1/plan takes the same body and plans exactly the bytes /v1/shards sent.
@@ -248,6 +220,60 @@ func vrefCheckRaw(t *testing.T, h *harness, name string, cfg []byte, hf map[stri
 		t.Errorf("%s: /v1/plan %d %.200s, want %d output bytes over %d tensors",
 			what, pres.status, pres.body, len(sres.body), len(table.Tensors))
 	}
+}
+
+// vrefTable is /v1/layouts' answer: the table the raw format's body follows.
+type vrefTable struct {
+	Checkpoint    string `json:"checkpoint"`
+	EngineVersion string `json:"engine_version"`
+	Tensors       []struct {
+		Name  string  `json:"name"`
+		DType string  `json:"dtype"`
+		Shape []int64 `json:"shape"`
+		Boxes []struct {
+			Offsets []int64 `json:"offsets"`
+			Lengths []int64 `json:"lengths"`
+		} `json:"boxes"`
+	} `json:"tensors"`
+}
+
+func vrefLayoutTable(t *testing.T, what string, body []byte) vrefTable {
+	t.Helper()
+	var table vrefTable
+	if err := json.Unmarshal(body, &table); err != nil {
+		t.Fatalf("%s: layouts response: %v", what, err)
+	}
+	return table
+}
+
+// vrefSplitRaw cuts a raw body into the table's tensors in the table's order, after checking that
+// the table asks for each tensor whole (one box over its shape), as an engine's rank does; it
+// reports a body that ends inside a tensor or goes on after the last one.
+func vrefSplitRaw(t *testing.T, what string, table vrefTable, body []byte) (map[string]vllmref.Tensor, bool) {
+	t.Helper()
+	got := map[string]vllmref.Tensor{}
+	for _, x := range table.Tensors {
+		if len(x.Boxes) != 1 || !slices.Equal(x.Boxes[0].Lengths, x.Shape) ||
+			slices.ContainsFunc(x.Boxes[0].Offsets, func(o int64) bool { return o != 0 }) {
+			t.Errorf("%s: %s has boxes %+v, want one box over its shape %v", what, x.Name, x.Boxes, x.Shape)
+			return nil, false
+		}
+		size := vllmref.ElemSize(x.DType)
+		for _, d := range x.Shape {
+			size *= d
+		}
+		if size > int64(len(body)) {
+			t.Errorf("%s: the raw body ends inside %s", what, x.Name)
+			return nil, false
+		}
+		got[x.Name] = vllmref.Tensor{DType: x.DType, Shape: x.Shape, Data: body[:size]}
+		body = body[size:]
+	}
+	if len(body) != 0 {
+		t.Errorf("%s: %d raw bytes after the last tensor", what, len(body))
+		return nil, false
+	}
+	return got, true
 }
 
 // TestVLLMLayoutsMatchReference runs every variant x TP {1,2,4,8} x EP {off,on} x DP {1, and 2 for

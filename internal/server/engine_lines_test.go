@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/shardsrv/shardsrv/internal/engine/vllmref"
 	"github.com/shardsrv/shardsrv/internal/planner"
-	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
@@ -106,100 +104,106 @@ func vrefLineUnserved(res response) bool {
 	return res.problem.Detail != nil && strings.Contains(*res.problem.Detail, "engine_version")
 }
 
-// vrefLineCheck compares one rank in the safetensors format, and with raw also /v1/layouts (which
-// must name the line it followed) and the raw body, with the reference's tensors.
+// gridTally counts the points of a grid, each a (checkpoint, parallel setup, rank, format), that
+// the server served byte for byte as the reference lays them out, and those it refused where the
+// reference refuses them.
+type gridTally struct{ served, refused int }
+
+func (g *gridTally) add(o gridTally) {
+	g.served += o.served
+	g.refused += o.refused
+}
+
+// gridRank is one rank of an engine's grid: the layout the server is asked for, the engine and
+// release line its __metadata__ and /v1/layouts must name (line "": none), and what the reference
+// says the engine saves for it, or its refusal.
+type gridRank struct {
+	what, checkpoint string
+	layout           map[string]any
+	engine, line     string
+	want             map[string]vllmref.Tensor
+	refusal          error
+}
+
+// gridCheck holds one rank to the reference in both formats: the safetensors body with its
+// __metadata__, and /v1/layouts' table with the raw body it frames. Where the reference refuses
+// the rank, every request must be a 422. It returns the formats that matched.
+func gridCheck(t *testing.T, h *harness, r gridRank) gridTally {
+	t.Helper()
+	var tally gridTally
+	st := h.do("POST", "/v1/shards", map[string]any{"checkpoint": r.checkpoint, "format": "safetensors", "layout": r.layout})
+	lt := h.do("POST", "/v1/layouts", map[string]any{"checkpoint": r.checkpoint, "layout": r.layout})
+	raw := h.do("POST", "/v1/shards", map[string]any{"checkpoint": r.checkpoint, "format": "raw", "layout": r.layout})
+	if r.refusal != nil {
+		for _, c := range []struct {
+			format  string
+			refused bool
+		}{{"safetensors", vrefIsProblem(st, 422)}, {"raw", vrefIsProblem(lt, 422) && vrefIsProblem(raw, 422)}} {
+			if !c.refused {
+				t.Errorf("%s %s: the engine refuses it (%v); the server answered /v1/shards %d (safetensors), %d (raw), /v1/layouts %d",
+					r.what, c.format, r.refusal, st.status, raw.status, lt.status)
+				continue
+			}
+			tally.refused++
+		}
+		return tally
+	}
+	if st.status != 200 || st.header.Get("Content-Type") != "application/vnd.safetensors" {
+		t.Errorf("%s: %d %s %.300s", r.what, st.status, st.header.Get("Content-Type"), st.body)
+	} else {
+		got, md := vrefParseSafetensors(t, st.body)
+		named := md["shardsrv.engine"] == r.engine && md["shardsrv.engine_version"] == r.line
+		if !named {
+			t.Errorf("%s: __metadata__ names engine %q line %q, want %q %q (docs/engines.md)", r.what,
+				md["shardsrv.engine"], md["shardsrv.engine_version"], r.engine, r.line)
+		}
+		if vrefReport(t, r.what, vrefDiff(got, r.want)) && named {
+			tally.served++
+		}
+	}
+	what := r.what + " raw"
+	if lt.status != 200 || raw.status != 200 {
+		t.Errorf("%s: /v1/layouts %d %.200s; /v1/shards %d %.200s", what, lt.status, lt.body, raw.status, raw.body)
+		return tally
+	}
+	table := vrefLayoutTable(t, what, lt.body)
+	named := table.Checkpoint == r.checkpoint && table.EngineVersion == r.line
+	if !named {
+		t.Errorf("%s: /v1/layouts answers checkpoint %q line %q, want %q %q", what, table.Checkpoint,
+			table.EngineVersion, r.checkpoint, r.line)
+	}
+	if got, ok := vrefSplitRaw(t, what, table, raw.body); ok && vrefReport(t, what, vrefDiff(got, r.want)) && named {
+		tally.served++
+	}
+	return tally
+}
+
+// vrefLineCheck holds one rank of a vLLM line to vllmref.RankAt in both formats. line is the
+// engine_version asked for ("": none, the server's default), want the line the server must follow.
 func vrefLineCheck(
-	t *testing.T, h *harness, name, line, want string, cfg []byte, hf map[string]vllmref.Tensor,
-	p vllmref.Parallel, raw bool,
-) {
+	t *testing.T, h *harness, name, line, want string, cfg []byte, hf map[string]vllmref.Tensor, p vllmref.Parallel,
+) gridTally {
 	t.Helper()
 	ref, refErr := vllmref.RankAt(want, cfg, hf, p)
 	var unmodelled vllmref.Unmodelled
 	if errors.As(refErr, &unmodelled) {
 		t.Fatalf("%s: %v", name, refErr)
 	}
-	layout := vrefLineLayout(line, p)
-	what := fmt.Sprintf("%s line %q %+v", name, line, p)
-	res := h.do("POST", "/v1/shards", map[string]any{"checkpoint": name, "format": "safetensors", "layout": layout})
-	if refErr != nil {
-		if !vrefIsProblem(res, 422) {
-			t.Errorf("%s: vLLM refuses it (%v); the server answered %d %.200s", what, refErr, res.status, res.body)
-		}
-		return
-	}
-	if res.status != 200 || res.header.Get("Content-Type") != "application/vnd.safetensors" {
-		t.Errorf("%s: %d %s %.300s", what, res.status, res.header.Get("Content-Type"), res.body)
-		return
-	}
-	vrefReport(t, what, vrefDiff(vrefParseSafetensors(t, res.body), ref))
-	md := vrefSafetensorsMetadata(t, res.body)
-	if md["shardsrv.engine"] != "vllm" || md["shardsrv.engine_version"] != want {
-		t.Errorf("%s: __metadata__ names engine %q line %q, want vllm %q (docs/engines.md)", what,
-			md["shardsrv.engine"], md["shardsrv.engine_version"], want)
-	}
-	if !raw {
-		return
-	}
-	lres := h.do("POST", "/v1/layouts", map[string]any{"checkpoint": name, "layout": layout})
-	sres := h.do("POST", "/v1/shards", map[string]any{"checkpoint": name, "format": "raw", "layout": layout})
-	if lres.status != 200 || sres.status != 200 {
-		t.Errorf("%s raw: /v1/layouts %d %.200s; /v1/shards %d %.200s", what, lres.status, lres.body, sres.status, sres.body)
-		return
-	}
-	var table struct {
-		EngineVersion string `json:"engine_version"`
-		Tensors       []struct {
-			Name  string  `json:"name"`
-			DType string  `json:"dtype"`
-			Shape []int64 `json:"shape"`
-		} `json:"tensors"`
-	}
-	if err := json.Unmarshal(lres.body, &table); err != nil {
-		t.Fatalf("%s: layouts response: %v", what, err)
-	}
-	if table.EngineVersion != want {
-		t.Errorf("%s: /v1/layouts says it follows engine_version %q, want %q", what, table.EngineVersion, want)
-	}
-	got := map[string]vllmref.Tensor{}
-	body := sres.body
-	for _, x := range table.Tensors {
-		size := vllmref.ElemSize(x.DType)
-		for _, d := range x.Shape {
-			size *= d
-		}
-		if size > int64(len(body)) {
-			t.Errorf("%s raw: the body ends inside %s", what, x.Name)
-			return
-		}
-		got[x.Name] = vllmref.Tensor{DType: x.DType, Shape: x.Shape, Data: body[:size]}
-		body = body[size:]
-	}
-	if len(body) != 0 {
-		t.Errorf("%s raw: %d bytes after the last tensor", what, len(body))
-	}
-	vrefReport(t, what+" raw", vrefDiff(got, ref))
-}
-
-// vrefSafetensorsMetadata is a safetensors body's __metadata__.
-func vrefSafetensorsMetadata(t *testing.T, body []byte) map[string]string {
-	t.Helper()
-	n, err := safetensors.HeaderLen("body", body, int64(len(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hdr, err := safetensors.Parse("body", body[8:8+n], int64(len(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return hdr.Metadata
+	return gridCheck(t, h, gridRank{
+		what: fmt.Sprintf("%s line %q %+v", name, line, p), checkpoint: name, layout: vrefLineLayout(line, p),
+		engine: "vllm", line: want, want: ref, refusal: refErr,
+	})
 }
 
 // TestVLLMLinesMatchReference runs, for every line after "0.10" and every checkpoint the reference
-// models on it, the whole grid of vrefLineParallels in the safetensors format, a rank of every TP
-// also in the raw format, and a request without engine_version against the newest line.
+// models on it, the whole grid of vrefLineParallels (and of vrefLineMoEParallels for MoE
+// checkpoints) in both formats, and a few requests without engine_version against the newest line;
+// it logs how many points of each line matched.
 func TestVLLMLinesMatchReference(t *testing.T) {
 	newest := vllmref.Releases[len(vllmref.Releases)-1]
+	tally := map[string]*gridTally{}
 	for _, line := range vllmref.Releases[1:] {
+		tally[line] = &gridTally{}
 		variants := slices.Concat(vllmref.Variants, vllmref.SparseMoEVariants, vllmref.WideVariants,
 			vllmref.GLMAndGptOssVariants, vllmref.WideMoEVariants)
 		for _, variant := range variants {
@@ -224,13 +228,11 @@ func TestVLLMLinesMatchReference(t *testing.T) {
 						probe.body)
 				}
 				for _, p := range vrefLineParallels() {
-					// The raw format for the last rank of every (TP, EP, DP).
-					raw := p.TPRank == p.TP-1 && p.DPRank == p.DP-1
-					vrefLineCheck(t, h, variant, line, line, cfg, hf, p, raw)
+					tally[line].add(vrefLineCheck(t, h, variant, line, line, cfg, hf, p))
 				}
-				if line == newest {
+				if line == newest { // the default line: checked, not counted again
 					for _, p := range []vllmref.Parallel{{TP: 1, DP: 1}, {TP: 6, TPRank: 5, DP: 1}, {TP: 8, TPRank: 3, DP: 1}} {
-						vrefLineCheck(t, h, variant, "", newest, cfg, hf, p, true)
+						vrefLineCheck(t, h, variant, "", newest, cfg, hf, p)
 					}
 				}
 				if !slices.ContainsFunc(slices.Collect(maps.Keys(hf)), func(n string) bool {
@@ -240,11 +242,13 @@ func TestVLLMLinesMatchReference(t *testing.T) {
 				}
 				for _, set := range vrefLineMoEParallels() {
 					for _, p := range set {
-						vrefLineCheck(t, h, variant, line, line, cfg, hf, p, p.TPRank == p.TP-1)
+						tally[line].add(vrefLineCheck(t, h, variant, line, line, cfg, hf, p))
 					}
 				}
 			})
 		}
+		t.Logf("vLLM line %s: %d points (checkpoint, setup, rank, format) served byte for byte, %d refused as vLLM refuses them",
+			line, tally[line].served, tally[line].refused)
 	}
 }
 
@@ -281,7 +285,8 @@ func TestVLLMGptOssMXFP4ThroughTheServer(t *testing.T) {
 				if res.status != 200 {
 					t.Fatalf("%+v: %d %.300s", p, res.status, res.body)
 				}
-				ranks = append(ranks, vrefParseSafetensors(t, res.body))
+				got, _ := vrefParseSafetensors(t, res.body)
+				ranks = append(ranks, got)
 			}
 		}
 		for l := 0; l < 2; l++ {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/shardsrv/shardsrv/internal/engine/vllmref"
 	"github.com/shardsrv/shardsrv/internal/planner"
-	"github.com/shardsrv/shardsrv/internal/safetensors"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
@@ -93,18 +92,11 @@ func fetchSafetensors(t *testing.T, h *harness, layout map[string]any, version, 
 	if res.status != 200 {
 		t.Fatalf("%s: %d %.300s", what, res.status, res.body)
 	}
-	n, err := safetensors.HeaderLen("body", res.body, int64(len(res.body)))
-	if err != nil {
-		t.Fatal(err)
+	got, md := vrefParseSafetensors(t, res.body)
+	if md["shardsrv.engine"] != "vllm" || md["shardsrv.engine_version"] != version {
+		t.Fatalf("%s: __metadata__ %v, want engine vllm %s", what, md, version)
 	}
-	hdr, err := safetensors.Parse("body", res.body[8:8+n], int64(len(res.body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hdr.Metadata["shardsrv.engine"] != "vllm" || hdr.Metadata["shardsrv.engine_version"] != version {
-		t.Fatalf("%s: __metadata__ %v, want engine vllm %s", what, hdr.Metadata, version)
-	}
-	return vrefParseSafetensors(t, res.body)
+	return got
 }
 
 // TestMoELayoutFieldsThroughTheServer: the layout fields of vLLM's EPLB, expert placement and
