@@ -365,10 +365,7 @@ func newPlan(c *checker, req *api.ShardRequest, ck *checkpoint.Checkpoint, opts 
 		if it.Pieces, err = pl.piecesOf(spec, it); err != nil {
 			return nil, err
 		}
-		if err := pl.segment(spec, it); err != nil {
-			return nil, err
-		}
-		if err := pl.share(it); err != nil {
+		if err := pl.segmentAndShare(spec, it); err != nil {
 			return nil, err
 		}
 	}
