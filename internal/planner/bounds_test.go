@@ -75,6 +75,14 @@ func checkBounds(t *testing.T, p *Plan, opts Options) {
 				t.Fatalf("a segment of %s reads spans of its own beside its item's rectangle", it.StoredName)
 			}
 			checkLaidOut(t, seg.Spans, opts.MaxRead, r)
+			var spanBytes int64
+			for _, rd := range seg.Spans {
+				spanBytes += rd.Length
+			}
+			if spanBytes > opts.SegmentReadBytes && seg.Bytes > int64(it.DType.Size()) {
+				t.Fatalf("a segment of %s reads %d bytes of spans, more than %d, and was not halved", it.StoredName,
+					spanBytes, opts.SegmentReadBytes)
+			}
 			for _, rd := range seg.Direct {
 				if rd.Length > opts.MaxRead {
 					t.Fatalf("read %+v: longer than the read size %d", rd, opts.MaxRead)
