@@ -201,6 +201,7 @@ type result struct {
 	buf    *[]byte    // the pooled buffer the bytes are in
 	rect   *rectangle // the rectangle it was produced from, done with once it is written
 	send   bool       // its sections are files the socket may take by sendfile
+	slot   bool       // it holds a window slot; the segments a failed producer never started do not
 	charge charge
 	err    error
 }
@@ -330,8 +331,10 @@ func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job)
 	for i, seg := range segs {
 		j := first
 		var err error
+		slot := false
 		select {
 		case s.slots <- struct{}{}:
+			slot = true
 			if i > 0 {
 				j = s.job(seg, rects[i])
 				if err = s.own.Acquire(ctx, j.charge.own); err == nil {
@@ -356,6 +359,9 @@ func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job)
 			}
 		}
 		if err != nil {
+			if slot {
+				<-s.slots
+			}
 			if i == 0 {
 				s.release(first.charge)
 				if rect != nil && !rect.started {
@@ -384,6 +390,7 @@ func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job)
 				}
 			}
 			r.rect = j.rect
+			r.slot = true
 			s.release(charge{j.charge.all - r.charge.all, j.charge.own - r.charge.own})
 			s.results[i] <- r
 		}()
@@ -446,7 +453,9 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 func (s *Stream) written(r result) {
 	s.hash.add(nil, func() {
 		s.free(r)
-		<-s.slots
+		if r.slot {
+			<-s.slots
+		}
 	})
 }
 
