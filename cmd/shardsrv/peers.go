@@ -48,7 +48,7 @@ func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.
 	if err != nil {
 		return nil, err
 	}
-	cached, err := cache.New(ring, c.cache.Bytes, c.cache.Chunk(), tel.Meter)
+	cached, err := cache.New(ring, c.cache, tel.Meter)
 	if err != nil {
 		return nil, err
 	}

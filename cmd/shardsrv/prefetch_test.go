@@ -32,7 +32,7 @@ func TestPrefetchCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cached, _ := cache.New(ring, 16<<20, chunk, nil)
+	cached, _ := cache.New(ring, cache.Config{Bytes: 16 << 20, ChunkBytes: chunk}, nil)
 	opts := planner.DefaultOptions()
 	opts.Align = chunk
 	mem := budget.New(budget.Config{Bytes: 1 << 26})

@@ -123,11 +123,17 @@ func parseServe(args []string, stderr io.Writer) (*config, error) {
 	if err := parseStoreURL(c); err != nil {
 		return nil, fmt.Errorf("--store: %v", err)
 	}
+	c.derive()
+	return c, c.validate()
+}
+
+// derive sets the settings that follow from others, here only; the serving line prints them with
+// the two their packages derive at run time (the plan's share of the budget, the Go memory limit).
+func (c *config) derive() {
 	c.budget.CacheBytes = c.cache.Bytes // the cache keeps its memory within its share
 	if c.cache.Bytes > 0 {
 		c.planner.Align = c.cache.Chunk() // reads of different clients meet in the same chunks
 	}
-	return c, c.validate()
 }
 
 func parseServeOnce(args []string, objectStore bool, stderr io.Writer) (*config, error) {

@@ -148,18 +148,23 @@ var (
 	_ store.Sectioner = (*Store)(nil)
 )
 
-// New wraps inner with a cache of capacity bytes in chunks of chunkSize bytes. Every chunk is
-// counted as chunkSize, so the bound holds even for the shorter last chunk of a file. Its
-// counters are instruments of mp (nil: none).
-func New(inner store.Store, capacity, chunkSize int64, mp metric.MeterProvider) (*Store, error) {
-	if capacity < chunkSize || chunkSize <= 0 {
-		return nil, fmt.Errorf("cache: capacity %d must hold at least one chunk of %d bytes", capacity, chunkSize)
+// New wraps inner with a cache of cfg.Bytes in chunks of cfg.Chunk(), or returns what Validate
+// refuses; a Config of no cache (Bytes zero) builds none. Every chunk is counted as a whole chunk,
+// so the bound holds even for the shorter last chunk of a file. Its counters are instruments of
+// mp (nil: none).
+func New(inner store.Store, cfg Config, mp metric.MeterProvider) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
 	}
+	if cfg.Bytes == 0 {
+		return nil, errors.New("cache: --cache-bytes 0 is no cache: build none")
+	}
+	chunkSize := cfg.Chunk()
 	s := &Store{Forwarder: store.Forwarder{Next: inner}, chunk: chunkSize, Revalidate: 5 * time.Second,
 		flights: map[chunkKey]*flight{}}
 	var err error
 	s.chunks, err = lru.NewWithEvict[chunkKey, *chunk](
-		int(capacity/chunkSize),
+		int(cfg.Bytes/chunkSize),
 		func(_ chunkKey, c *chunk) { s.evictions.Add(1); s.unref(c) },
 	)
 	if err != nil {

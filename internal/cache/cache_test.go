@@ -22,7 +22,7 @@ func local(t *testing.T) (store.Store, func(string, []byte)) { return storetest.
 func TestCacheConformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{New: func(t *testing.T) (store.Store, func(string, []byte)) {
 		inner, put := local(t)
-		c, err := cache.New(inner, 64<<10, 4<<10, nil)
+		c, err := cache.New(inner, cache.Config{Bytes: 64 << 10, ChunkBytes: 4 << 10}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func setup(t *testing.T, size int) (*cache.Store, *storetest.Counting, store.Inf
 	}
 	put("f", data)
 	counting := storetest.NewCounting(inner)
-	c, err := cache.New(counting, 1<<20, 4096, nil)
+	c, err := cache.New(counting, cache.Config{Bytes: 1 << 20, ChunkBytes: 4096}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestOneClientsCancelDoesNotAbortAFillOthersWaitFor(t *testing.T) {
 	put("f", bytes.Repeat([]byte{7}, 8192))
 	info, _ := inner.Stat(context.Background(), "f")
 	slow := &slowStore{Store: inner, release: make(chan struct{})}
-	c, _ := cache.New(slow, 1<<20, 4096, nil)
+	c, _ := cache.New(slow, cache.Config{Bytes: 1 << 20, ChunkBytes: 4096}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() { first <- c.ReadAt(ctx, "f", info.Version, make([]byte, 100), 0) }()
@@ -142,7 +142,7 @@ func TestErrorsAreNotCached(t *testing.T) {
 	inner, put := local(t)
 	put("f", bytes.Repeat([]byte{3}, 4096))
 	info, _ := inner.Stat(context.Background(), "f")
-	c, _ := cache.New(&failOnce{Store: inner}, 1<<20, 4096, nil)
+	c, _ := cache.New(&failOnce{Store: inner}, cache.Config{Bytes: 1 << 20, ChunkBytes: 4096}, nil)
 	p := make([]byte, 10)
 	if err := c.ReadAt(context.Background(), "f", info.Version, p, 0); err == nil {
 		t.Fatal("the first read should fail")
@@ -207,7 +207,7 @@ func TestEvictionNeverRecyclesAChunkBeingWritten(t *testing.T) {
 	}
 	put("f", data)
 	info, _ := inner.Stat(context.Background(), "f")
-	small, err := cache.New(inner, 4*4096, 4096, nil)
+	small, err := cache.New(inner, cache.Config{Bytes: 4 * 4096, ChunkBytes: 4096}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestFillsReadWholeUnitsOnce(t *testing.T) {
 		put(key, data)
 		info, _ := inner.Stat(ctx, key)
 		a := &aligned{Counting: storetest.NewCounting(inner), unit: unit, size: size}
-		c, err := cache.New(a, 64*size+chunk, chunk, nil)
+		c, err := cache.New(a, cache.Config{Bytes: 64*size + chunk, ChunkBytes: chunk}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,5 +298,29 @@ func TestFillsReadWholeUnitsOnce(t *testing.T) {
 			t.Fatalf("chunk %d, unit %d, size %d: %d reads off the units, %d bytes read", chunk, unit, size,
 				a.bad.Load(), a.Bytes())
 		}
+	}
+}
+
+// New builds what Config says, by the rule its fields state: a zero chunk is DefaultChunkBytes, a
+// zero size no cache, and what Validate refuses is refused.
+func TestNewTakesTheConfigsZeroValues(t *testing.T) {
+	inner, put := local(t)
+	put("f", make([]byte, 2*cache.DefaultChunkBytes))
+	for _, cfg := range []cache.Config{{}, {Bytes: cache.DefaultChunkBytes - 1}, {Bytes: 1 << 20, ChunkBytes: -1}} {
+		if _, err := cache.New(inner, cfg, nil); err == nil {
+			t.Errorf("New(%+v) built a cache", cfg)
+		}
+	}
+	counting := storetest.NewCounting(inner)
+	c, err := cache.New(counting, cache.Config{Bytes: cache.DefaultChunkBytes}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := inner.Stat(context.Background(), "f")
+	if err := c.ReadAt(context.Background(), "f", info.Version, make([]byte, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := counting.Bytes(); got != cache.DefaultChunkBytes {
+		t.Errorf("a byte read %d bytes from storage, want the default chunk of %d", got, cache.DefaultChunkBytes)
 	}
 }

@@ -17,7 +17,7 @@ func TestCacheCountersAreMetered(t *testing.T) {
 	data := make([]byte, 3*4096)
 	put("f", data)
 	reader := sdkmetric.NewManualReader()
-	c, err := cache.New(inner, 2*4096, 4096, sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	c, err := cache.New(inner, cache.Config{Bytes: 2 * 4096, ChunkBytes: 4096}, sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,7 +108,8 @@ func ringHash(b []byte) uint32 {
 	return binary.BigEndian.Uint32(h[:4])
 }
 
-// Options configure a Store.
+// Options configure a Store. A field left at zero takes its default, but ChunkBytes, which is
+// required.
 type Options struct {
 	// Self is this replica's base URL as its peers reach it (--advertise); "" when it runs alone.
 	Self string
@@ -117,16 +118,32 @@ type Options struct {
 	ChunkBytes int64
 	// StripeBytes is the unit of ownership, rounded up to whole chunks (0: DefaultStripeBytes).
 	StripeBytes int64
-	// Token is the shared secret presented to peers.
+	// Token is the shared secret presented to peers (nil: none, for a replica alone).
 	Token func() string
 	// Timeout bounds one fetch from a peer, from dialling to the last byte; past it the chunk is
 	// read from storage here (zero: DefaultTimeout).
 	Timeout time.Duration
 	// TLS is how https:// peers are reached (nil: the system's roots, no client certificate).
-	TLS    *tls.Config
+	TLS *tls.Config
+	// Tracer and Meter default to no-ops, Logger to discarding what it is given.
 	Tracer trace.TracerProvider
 	Meter  metric.MeterProvider
 	Logger *slog.Logger
+}
+
+// Validate reports options no Store can run with: no chunk, negative sizes and time-outs, a Self
+// that is no base URL.
+func (o *Options) Validate() error {
+	if o.ChunkBytes <= 0 || o.StripeBytes < 0 || o.Timeout < 0 {
+		return fmt.Errorf("cluster: chunk size %d must be positive, stripe %d and peer time-out %s not negative",
+			o.ChunkBytes, o.StripeBytes, o.Timeout)
+	}
+	if o.Self != "" {
+		if _, err := Normalize(o.Self); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Store reads chunks through their owners. Reads without a version pass through: without one, no
@@ -172,21 +189,17 @@ var (
 	groupSeq     atomic.Int64
 )
 
-// New wraps inner. Until SetPeers names other replicas, every chunk is read from inner.
+// New wraps inner, or returns what Validate refuses. Until SetPeers names other replicas, every
+// chunk is read from inner.
 func New(inner store.Store, opts Options) (*Store, error) {
-	if opts.ChunkBytes <= 0 || opts.StripeBytes < 0 || opts.Timeout < 0 {
-		return nil, fmt.Errorf("cluster: chunk size %d must be positive, stripe %d and peer time-out %s not negative",
-			opts.ChunkBytes, opts.StripeBytes, opts.Timeout)
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
 	if opts.Self != "" {
-		self, err := Normalize(opts.Self)
-		if err != nil {
-			return nil, err
-		}
-		opts.Self = self
+		opts.Self, _ = Normalize(opts.Self)
 	}
 	if opts.Token == nil {
 		opts.Token = func() string { return "" }

@@ -44,7 +44,7 @@ func newReplica(t *testing.T, storage store.Store, timeout time.Duration) *repli
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.top, err = cache.New(r.cl, 64<<20, chunk, nil); err != nil {
+	if r.top, err = cache.New(r.cl, cache.Config{Bytes: 64 << 20, ChunkBytes: chunk}, nil); err != nil {
 		t.Fatal(err)
 	}
 	r.h = cluster.NewHandler(r.cl, r.top)

@@ -137,7 +137,8 @@ func TestOptionsZeroIsTheDefault(t *testing.T) {
 		t.Errorf("zero options: time-out %s, stripe %d; want %s and %d", s.opts.Timeout, s.stripe, DefaultTimeout,
 			DefaultStripeBytes)
 	}
-	for _, o := range []Options{{}, {ChunkBytes: 64 << 10, Timeout: -time.Second}, {ChunkBytes: 64 << 10, StripeBytes: -1}} {
+	for _, o := range []Options{{}, {ChunkBytes: 64 << 10, Timeout: -time.Second}, {ChunkBytes: 64 << 10, StripeBytes: -1},
+		{ChunkBytes: 64 << 10, Self: "10.0.0.7:8080"}} {
 		if _, err := New(nil, o); err == nil {
 			t.Errorf("New(%+v) accepted", o)
 		}

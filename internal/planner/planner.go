@@ -31,18 +31,21 @@ import (
 // Options are the planner's cost model and bounds. A field left at zero takes DefaultOptions'
 // value, but MaxGap and Align, whose zero is none, and NoPieces.
 type Options struct {
-	// SegmentBytes bounds the output bytes produced at once; the executor holds a few segments.
+	// SegmentBytes bounds the output bytes produced at once; the executor holds a few segments
+	// (0: DefaultOptions').
 	SegmentBytes int64
-	// SegmentReadBytes bounds the bytes one segment reads; a segment over it is cut smaller.
+	// SegmentReadBytes bounds the bytes one segment reads; a segment over it is cut smaller (0:
+	// DefaultOptions').
 	SegmentReadBytes int64
 	// RegionBytes bounds a box's rectangle: the source bytes its segments share (a transpose's
-	// rows), read once for all of them and held until the last is produced (Item.Rectangle).
+	// rows), read once for all of them and held until the last is produced (Item.Rectangle; 0:
+	// DefaultOptions').
 	RegionBytes int64
 	// MaxGap is what one more read request costs, in bytes: two byte runs closer than this are read
-	// as one, gap included.
+	// as one, gap included (0: none, runs are never merged across a gap).
 	MaxGap int64
 	// MaxRead is the store's read size: the plan cuts longer reads into requests of at most this
-	// many bytes, which the executor issues in parallel as they are.
+	// many bytes, which the executor issues in parallel as they are (0: DefaultOptions').
 	MaxRead int64
 	// MaxReads refuses (422) a plan with more reads, segments or copies (block overlaps) than
 	// this (0: DefaultMaxReads). Each is counted before it is allocated.
@@ -64,7 +67,7 @@ type Options struct {
 	// when that keeps it within MaxOverread.
 	Align int64
 	// NoPieces leaves Item.Pieces empty: they only feed the plan report (/v1/plan), and a table of
-	// a million blocks makes a million of them.
+	// a million blocks makes a million of them (false: the pieces are kept).
 	NoPieces bool
 }
 

@@ -33,16 +33,31 @@ type Memory interface {
 	Bytes() int64
 }
 
-// Config is what a Resolver is built from.
+// Config is what a Resolver is built from. A field left at zero takes its default, but Catalog
+// and Memory, which are required.
 type Config struct {
-	Catalog *checkpoint.Catalog
-	Memory  Memory
+	Catalog *checkpoint.Catalog // required
+	Memory  Memory              // required
+	// Planner is the planner's options, each at zero its default (planner.Options).
 	Planner planner.Options
 	// MaxConfigBytes caps the config.json a layout is built from (a ConfigTooLarge Error above,
 	// refused before it is read; zero: DefaultMaxConfigBytes).
 	MaxConfigBytes int64
 	// Tracer defaults to a no-op.
 	Tracer trace.Tracer
+}
+
+// Validate reports a configuration no resolver can run with: a missing catalog or budget, negative
+// sizes.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Catalog == nil || c.Memory == nil {
+		errs = append(errs, errors.New("a resolver needs a catalog and a memory budget"))
+	}
+	if c.MaxConfigBytes < 0 {
+		errs = append(errs, errors.New("--max-config-bytes must not be negative"))
+	}
+	return errors.Join(append(errs, c.Planner.Validate())...)
 }
 
 // DefaultMaxConfigBytes is forty times the largest config.json of a released model we know of
@@ -55,8 +70,12 @@ type Resolver struct {
 	planBytes int64
 }
 
-// New returns a resolver.
+// New returns a resolver. It panics on a Config that Validate refuses: a program validates its
+// configuration before it builds anything.
 func New(cfg Config) *Resolver {
+	if err := cfg.Validate(); err != nil {
+		panic("resolve: " + err.Error())
+	}
 	if cfg.Tracer == nil {
 		cfg.Tracer = noop.NewTracerProvider().Tracer("")
 	}

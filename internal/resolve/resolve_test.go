@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -298,5 +299,28 @@ func TestResolveRefuses(t *testing.T) {
 	release(f.budget.Bytes())
 	if n := f.budget.Held(); n != 0 {
 		t.Errorf("%d bytes of the budget still held", n)
+	}
+}
+
+// New refuses what Validate does: a zero Config has no catalog and no budget, and a negative size
+// is no default.
+func TestNewRefusesWhatValidateRefuses(t *testing.T) {
+	f := newFixture(t, 0)
+	for name, c := range map[string]struct {
+		cfg  resolve.Config
+		want string
+	}{
+		"zero":                   {resolve.Config{}, "catalog and a memory budget"},
+		"negative config size":   {resolve.Config{Catalog: f.catalog, Memory: f.budget, MaxConfigBytes: -1}, "--max-config-bytes"},
+		"negative planner sizes": {resolve.Config{Catalog: f.catalog, Memory: f.budget, Planner: planner.Options{MaxGap: -1}}, "planner"},
+	} {
+		func() {
+			defer func() {
+				if v, _ := recover().(string); !strings.Contains(v, c.want) {
+					t.Errorf("%s: New panicked with %q, want it to name %q", name, v, c.want)
+				}
+			}()
+			resolve.New(c.cfg)
+		}()
 	}
 }

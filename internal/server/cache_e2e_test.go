@@ -36,7 +36,7 @@ func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, 
 	)
 	local, _ := store.NewLocal(dir)
 	counting := storetest.NewCounting(local)
-	c, err := cache.New(counting, 64<<20, chunk, nil)
+	c, err := cache.New(counting, cache.Config{Bytes: 64 << 20, ChunkBytes: chunk}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,7 @@ func (c *s3Cluster) add() *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cached, err := cache.New(r.ring, 256<<20, c.chunk, nil)
+	cached, err := cache.New(r.ring, cache.Config{Bytes: 256 << 20, ChunkBytes: c.chunk}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,12 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/go-chi/chi/v5"
 
-	"github.com/shardsrv/shardsrv/internal/planner"
+	"github.com/shardsrv/shardsrv/internal/budget"
+	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/server/gen"
+	"github.com/shardsrv/shardsrv/internal/store"
 )
 
 func TestSpecIsValidAndEmbedded(t *testing.T) {
@@ -51,9 +54,14 @@ func TestRoutesMatchSpec(t *testing.T) {
 			want[method+" "+path] = true
 		}
 	}
-	srv := server.New(server.Config{Planner: planner.DefaultOptions()})
+	st, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(server.Config{Catalog: checkpoint.New(st), Executor: executor.New(st, budget.New(budget.Config{}),
+		executor.Config{})})
 	var got []string
-	err := chi.Walk(
+	err = chi.Walk(
 		srv.Handler().(chi.Routes),
 		func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
 			got = append(got, method+" "+route)

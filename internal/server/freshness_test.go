@@ -25,7 +25,7 @@ func TestAReplacedShardIsServedNewUnderAWarmCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := cache.New(s3, 64<<20, 4<<10, nil)
+	st, err := cache.New(s3, cache.Config{Bytes: 64 << 20, ChunkBytes: 4 << 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

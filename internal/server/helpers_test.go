@@ -110,7 +110,8 @@ func eachStore(t *testing.T, opts planner.Options, f func(t *testing.T, h *harne
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := cache.New(local, 1<<20, 4<<10, nil) // small, so chunks are evicted and refilled
+		// Small, so chunks are evicted and refilled.
+		st, err := cache.New(local, cache.Config{Bytes: 1 << 20, ChunkBytes: 4 << 10}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

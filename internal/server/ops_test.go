@@ -342,7 +342,8 @@ func TestMetricsEndpointServesTheStoreStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := opsServer(t, func(c *server.Config, st store.Store) {
-		cached, err := cache.New(telemetry.InstrumentStore(st, tel.Tracer, tel.Meter), 64<<20, 1<<20, tel.Meter)
+		instrumented := telemetry.InstrumentStore(st, tel.Tracer, tel.Meter)
+		cached, err := cache.New(instrumented, cache.Config{Bytes: 64 << 20, ChunkBytes: 1 << 20}, tel.Meter)
 		if err != nil {
 			t.Fatal(err)
 		}

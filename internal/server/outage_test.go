@@ -52,7 +52,7 @@ func TestAnOutageWithTheCacheServesWhatItHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cached, err := cache.New(ring, 16<<20, chunk, nil)
+	cached, err := cache.New(ring, cache.Config{Bytes: 16 << 20, ChunkBytes: chunk}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

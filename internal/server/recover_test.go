@@ -15,7 +15,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/shardsrv/shardsrv/api"
+	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
+	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/server"
 	"github.com/shardsrv/shardsrv/internal/store"
 )
@@ -30,9 +32,10 @@ func TestPanicIsA500Problem(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := server.New(server.Config{
-		Catalog: checkpoint.New(st), // its store's reachability is a gauge of every collection
-		Logger:  slog.New(slog.NewJSONHandler(logs, nil)),
-		Meter:   sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Catalog:  checkpoint.New(st), // its store's reachability is a gauge of every collection
+		Executor: executor.New(st, budget.New(budget.Config{}), executor.Config{}),
+		Logger:   slog.New(slog.NewJSONHandler(logs, nil)),
+		Meter:    sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 	})
 	ts := httptest.NewServer(srv.HandlerPanickingAt("/boom", "index out of range", ""))
 	t.Cleanup(ts.Close)

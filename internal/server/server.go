@@ -42,24 +42,28 @@ import (
 	"github.com/shardsrv/shardsrv/internal/server/gen"
 )
 
-// Config is what the server is built from.
+// Config is what the server is built from. A field left at zero takes its default, but Catalog
+// and Executor, which are required, and StoreGrace, whose zero is a setting.
 type Config struct {
 	Catalog  *checkpoint.Catalog // required: the routes and the store.reachable gauge read it
-	Executor *executor.Executor
+	Executor *executor.Executor  // required: it streams the shards
 	// Budget is the process's memory budget, the executor's too: bodies, plans and /v1/plan reports
 	// are held against it (nil: a budget of budget.DefaultBytes).
-	Budget  *budget.Budget
+	Budget *budget.Budget
+	// Planner is the planner's options, each at zero its default (planner.Options).
 	Planner planner.Options
 	Limits  Limits
-	// Tokens, when set, are the bearer tokens every route but /healthz, /readyz and /metrics needs.
+	// Tokens, when set, are the bearer tokens every route but /healthz, /readyz and /metrics needs
+	// (nil: no route needs one).
 	Tokens *auth.Tokens
+	// Logger defaults to discarding what it is given.
 	Logger *slog.Logger
 	// Tracer and Meter default to no-ops; Metrics serves /metrics (404 when nil).
 	Tracer  trace.TracerProvider
 	Meter   metric.MeterProvider
 	Metrics http.Handler
 	// Cluster, when set, serves the chunk cache the replicas share: /v1/prefetch warms it, and
-	// with PeerTokens the peer route serves it (cluster.go).
+	// with PeerTokens the peer route serves it (cluster.go; nil: no prefetch, no peer route).
 	Cluster *cluster.Handler
 	// PeerTokens admit peers to the peer route, which is not served without them.
 	PeerTokens *auth.Tokens
@@ -72,22 +76,23 @@ type Config struct {
 // at zero takes its default (Default*), so a literal names only the limits it changes; nothing is
 // unlimited.
 type Limits struct {
-	MaxBodyBytes int64 // a request body, after decoding (413 above)
-	MaxTensors   int   // tensors per request (413 above)
-	MaxBlocks    int   // blocks per request, all tensors together (413 above)
+	MaxBodyBytes int64 // a request body, after decoding (413 above; 0: DefaultMaxBodyBytes)
+	MaxTensors   int   // tensors per request (413 above; 0: DefaultMaxTensors)
+	MaxBlocks    int   // blocks per request, all tensors together (413 above; 0: DefaultMaxBlocks)
 	// MaxConfigBytes caps the config.json a layout is built from (422 above, naming the file); a
-	// layout reserves engine.ConfigMemory of its length from the memory budget while it is built.
+	// layout reserves engine.ConfigMemory of its length from the memory budget while it is built
+	// (0: DefaultMaxConfigBytes).
 	MaxConfigBytes int64
 	// MaxStreams caps the requests that plan at once: shard streams and /v1/plan together (503
 	// with Retry-After above). A request takes its slot only once its body is read and checked, so
-	// a client that is slow to send holds none.
+	// a client that is slow to send holds none (0: DefaultMaxStreams).
 	MaxStreams int
 	// RequestTimeout bounds a whole request; WriteTimeout one write to the client, so a stalled
-	// client lets go of its buffers.
+	// client lets go of its buffers (0: DefaultRequestTimeout, DefaultWriteTimeout).
 	RequestTimeout time.Duration
 	WriteTimeout   time.Duration
 	// BodyTimeout bounds reading a request's body, from the end of its headers (408 after it; the
-	// connection is then closed).
+	// connection is then closed; 0: DefaultBodyTimeout).
 	BodyTimeout time.Duration
 }
 
@@ -164,9 +169,21 @@ type Server struct {
 
 var _ gen.ServerInterface = (*Server)(nil)
 
-// New returns a server. It panics on Limits that Validate refuses: a program validates its
+// Validate reports a configuration no server can run with: no catalog or executor, or Limits
+// that Validate refuses.
+func (c *Config) Validate() error {
+	if c.Catalog == nil || c.Executor == nil {
+		return errors.New("a server needs a catalog and an executor")
+	}
+	return c.Limits.Validate()
+}
+
+// New returns a server. It panics on a Config that Validate refuses: a program validates its
 // configuration before it builds anything.
 func New(cfg Config) *Server {
+	if err := cfg.Validate(); err != nil {
+		panic("server: " + err.Error())
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -178,9 +195,6 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Budget == nil {
 		cfg.Budget = budget.New(budget.Config{})
-	}
-	if err := cfg.Limits.Validate(); err != nil {
-		panic("server: " + err.Error())
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	l := &cfg.Limits

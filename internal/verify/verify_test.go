@@ -243,7 +243,7 @@ func TestTamper(t *testing.T) {
 			})
 			t.Run("no bad chunk in the cache", func(t *testing.T) {
 				s, p, _ := setup(t, 0)
-				c, err := cache.New(s, 64*shardSize, 2*shardSize, nil)
+				c, err := cache.New(s, cache.Config{Bytes: 64 * shardSize, ChunkBytes: 2 * shardSize}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -267,7 +267,7 @@ func TestTamper(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				c, err := cache.New(ring, 64*shardSize, chunk, nil)
+				c, err := cache.New(ring, cache.Config{Bytes: 64 * shardSize, ChunkBytes: chunk}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -48,7 +48,7 @@ func TestDecoratorsPassCapabilities(t *testing.T) {
 			return cl
 		}, false, stripe},
 		{"cache", func(s store.Store) store.Store {
-			c, err := cache.New(s, 1<<20, 4096, nil)
+			c, err := cache.New(s, cache.Config{Bytes: 1 << 20, ChunkBytes: 4096}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
