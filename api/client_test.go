@@ -68,12 +68,9 @@ func clientFixture(t *testing.T) *fixture {
 	opts.MaxGap = 0
 	mem := budget.New(budget.Config{Bytes: 1 << 26, AdmitWait: time.Second})
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
-		Limits: server.Limits{MaxBodyBytes: 1 << 20},
-		Executor: executor.New(
-			st, mem,
-			executor.Config{Window: 1},
-		),
-		Budget: mem,
+		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+		Executor: executor.New(st, mem, executor.Config{Window: 1}),
+		Budget:   mem,
 	})
 	var requests atomic.Int64
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

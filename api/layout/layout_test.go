@@ -42,12 +42,9 @@ func newFixture(t *testing.T) *fixture {
 	mem := budget.New(budget.Config{Bytes: 1 << 28, AdmitWait: time.Second})
 	srv := server.New(
 		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(),
-			Limits: server.Limits{MaxBodyBytes: 1 << 20},
-			Executor: executor.New(
-				st, mem,
-				executor.Config{Window: 2},
-			),
-			Budget: mem,
+			Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+			Executor: executor.New(st, mem, executor.Config{Window: 2}),
+			Budget:   mem,
 		},
 	)
 	ts := httptest.NewServer(srv.Handler())

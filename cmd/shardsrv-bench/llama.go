@@ -153,14 +153,12 @@ func startupScenario(r *report, bin string, g *s3test.Gateway, env []string) {
 	}
 	naiveProxy := g.NewProxy()
 	defer naiveProxy.Close()
-	naiveClient := s3.New(
-		s3.Options{
-			Region:       "us-east-1",
-			BaseEndpoint: aws.String(naiveProxy.URL),
-			UsePathStyle: true,
-			Credentials:  g.Client.Options().Credentials,
-		},
-	)
+	naiveClient := s3.New(s3.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(naiveProxy.URL),
+		UsePathStyle: true,
+		Credentials:  g.Client.Options().Credentials,
+	})
 	naive, naiveGets, naiveBytes := measure(func(rank int64) { naiveRank(naiveClient, rank) }, naiveProxy)
 
 	proxy := g.NewProxy()

@@ -97,14 +97,12 @@ func s3Scenarios(r *report, bin, dir string) {
 		},
 	)
 	must(g.PutErr(bucket, "llama-layer/model.safetensors", layer))
-	big := safetensorsFile(
-		safetensors.TensorData{
-			Name:  "w",
-			DType: "BF16",
-			Shape: []int64{bigRows, bigCols},
-			Data:  randomBytes(bigRows*bigCols*2, 4),
-		},
-	)
+	big := safetensorsFile(safetensors.TensorData{
+		Name:  "w",
+		DType: "BF16",
+		Shape: []int64{bigRows, bigCols},
+		Data:  randomBytes(bigRows*bigCols*2, 4),
+	})
 	must(g.PutErr(bucket, "big/model.safetensors", big))
 	env := []string{
 		"AWS_ACCESS_KEY_ID=" + s3test.AccessKey,

@@ -43,12 +43,9 @@ func liveWrapped(t *testing.T, wrap func(http.Handler) http.Handler) (url, folde
 	mem := budget.New(budget.Config{Bytes: 1 << 26, AdmitWait: time.Second})
 	srv := server.New(
 		server.Config{Catalog: checkpoint.New(st), Planner: planner.DefaultOptions(),
-			Limits: server.Limits{MaxBodyBytes: 1 << 20},
-			Executor: executor.New(
-				st, mem,
-				executor.Config{Window: 2},
-			),
-			Budget: mem,
+			Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+			Executor: executor.New(st, mem, executor.Config{Window: 2}),
+			Budget:   mem,
 		},
 	)
 	h := srv.Handler()

@@ -52,13 +52,8 @@ func walk(v any, t reflect.Type, ptr string) (string, string, bool) {
 		for _, k := range keys {
 			ft, known := fields[k]
 			if !known {
-				return ptr + "/" + escape(
-						k,
-					), fmt.Sprintf(
-						"unknown field %q; this object takes %s",
-						k,
-						fieldList(fields),
-					), true
+				detail := fmt.Sprintf("unknown field %q; this object takes %s", k, fieldList(fields))
+				return ptr + "/" + escape(k), detail, true
 			}
 			if p, d, ok := walk(obj[k], ft, ptr+"/"+escape(k)); ok {
 				return p, d, true

@@ -412,13 +412,9 @@ func (g *fusion) start(b *blockSpec, layout tensor.Strided, src, dst int64) {
 		g.buf = newScratch(len(layout.Lengths))
 	}
 	f := g.buf.reset()
-	f.Lengths, f.Src, f.Dst = append(
-		f.Lengths,
-		layout.Lengths...), append(
-		f.Src,
-		layout.Src...), append(
-		f.Dst,
-		layout.Dst...)
+	f.Lengths = append(f.Lengths, layout.Lengths...)
+	f.Src = append(f.Src, layout.Src...)
+	f.Dst = append(f.Dst, layout.Dst...)
 	g.b, g.layout, g.src, g.dst, g.k, g.lastS, g.lastD = b, f, src, dst, 1, src, dst
 }
 

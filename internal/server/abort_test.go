@@ -54,18 +54,13 @@ func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest)
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 16 << 10 // 16 segments
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
-	srv := server.New(
-		server.Config{
-			Catalog: checkpoint.New(st),
-			Executor: executor.New(
-				st, mem,
-				executor.Config{Window: 2},
-			),
-			Budget:  mem,
-			Planner: opts,
-			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
-		},
-	)
+	srv := server.New(server.Config{
+		Catalog:  checkpoint.New(st),
+		Executor: executor.New(st, mem, executor.Config{Window: 2}),
+		Budget:   mem,
+		Planner:  opts,
+		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return ts.URL, shardReq(

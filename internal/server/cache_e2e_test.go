@@ -43,18 +43,13 @@ func cachedServer(t *testing.T, rows, cols int64) (string, *storetest.Counting, 
 	opts := planner.DefaultOptions()
 	opts.Align = chunk
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
-	srv := server.New(
-		server.Config{
-			Catalog: checkpoint.New(c),
-			Executor: executor.New(
-				c, mem,
-				executor.Config{Window: 4},
-			),
-			Budget:  mem,
-			Planner: opts,
-			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
-		},
-	)
+	srv := server.New(server.Config{
+		Catalog:  checkpoint.New(c),
+		Executor: executor.New(c, mem, executor.Config{Window: 4}),
+		Budget:   mem,
+		Planner:  opts,
+		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	if res, err := http.Get(ts.URL + "/v1/tensors?checkpoint=m"); err == nil { // warm the catalog

@@ -104,19 +104,14 @@ func faultServer(t *testing.T, cfg s3reader.Config) *faultEnv {
 	opts.SegmentBytes = 64 << 10
 	opts.MaxGap = 1 << 20
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
-	srv := server.New(
-		server.Config{
-			Catalog: checkpoint.New(st),
-			Executor: executor.New(
-				st, mem,
-				executor.Config{Window: 1},
-			),
-			Budget:  mem,
-			Planner: opts,
-			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
-			Logger:  slog.New(slog.NewJSONHandler(e.logs, nil)),
-		},
-	)
+	srv := server.New(server.Config{
+		Catalog:  checkpoint.New(st),
+		Executor: executor.New(st, mem, executor.Config{Window: 1}),
+		Budget:   mem,
+		Planner:  opts,
+		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+		Logger:   slog.New(slog.NewJSONHandler(e.logs, nil)),
+	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	e.url = ts.URL
@@ -312,19 +307,14 @@ func TestS3WrongCredentialsAreA502WithoutTheSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
-	srv := server.New(
-		server.Config{
-			Catalog: checkpoint.New(st),
-			Executor: executor.New(
-				st, mem,
-				executor.Config{Window: 1},
-			),
-			Budget:  mem,
-			Planner: planner.DefaultOptions(),
-			Limits:  server.Limits{MaxBodyBytes: 1 << 20},
-			Logger:  slog.New(slog.NewJSONHandler(e.logs, nil)),
-		},
-	)
+	srv := server.New(server.Config{
+		Catalog:  checkpoint.New(st),
+		Executor: executor.New(st, mem, executor.Config{Window: 1}),
+		Budget:   mem,
+		Planner:  planner.DefaultOptions(),
+		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+		Logger:   slog.New(slog.NewJSONHandler(e.logs, nil)),
+	})
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()
 	e.url = ts.URL

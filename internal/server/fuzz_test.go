@@ -103,13 +103,10 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	opts.MaxOutputBytes, opts.MaxPlanBytes = fuzzMaxOutput, fuzzMaxPlan
 	mem := budget.New(budget.Config{Bytes: fuzzMemory, AdmitWait: time.Second})
 	srv := server.New(server.Config{
-		Catalog: checkpoint.New(st),
-		Executor: executor.New(
-			st, mem,
-			executor.Config{Window: 2},
-		),
-		Budget:  mem,
-		Planner: opts,
+		Catalog:  checkpoint.New(st),
+		Executor: executor.New(st, mem, executor.Config{Window: 2}),
+		Budget:   mem,
+		Planner:  opts,
 		Limits: server.Limits{
 			MaxBodyBytes:   fuzzMaxBody,
 			MaxStreams:     4,

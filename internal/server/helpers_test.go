@@ -177,12 +177,11 @@ func newHarness(t *testing.T, opts planner.Options, st store.Store, put func(str
 	t.Helper()
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(server.Config{
-		Catalog: checkpoint.New(st),
-		Executor: executor.New(st, mem,
-			executor.Config{Window: 3}),
-		Budget:  mem,
-		Planner: opts,
-		Limits:  server.Limits{MaxBodyBytes: 1 << 20},
+		Catalog:  checkpoint.New(st),
+		Executor: executor.New(st, mem, executor.Config{Window: 3}),
+		Budget:   mem,
+		Planner:  opts,
+		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
 	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)

@@ -26,12 +26,9 @@ func fifoServer(t *testing.T, st store.Store, requestTimeout time.Duration) stri
 	opts := planner.DefaultOptions()
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
-		Executor: executor.New(
-			st, mem,
-			executor.Config{Window: 2},
-		),
-		Budget: mem,
-		Limits: server.Limits{RequestTimeout: requestTimeout, MaxBodyBytes: 1 << 20}})
+		Executor: executor.New(st, mem, executor.Config{Window: 2}),
+		Budget:   mem,
+		Limits:   server.Limits{RequestTimeout: requestTimeout, MaxBodyBytes: 1 << 20}})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return ts.URL

@@ -57,10 +57,7 @@ func opsServer(t *testing.T, mutate func(*server.Config, store.Store)) *opsEnv {
 	opts.SegmentBytes = 256 << 10
 	cfg := server.Config{Planner: opts, Limits: server.Limits{MaxBodyBytes: 1 << 20}}
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: 100 * time.Millisecond})
-	cfg.Executor = executor.New(
-		st, mem,
-		executor.Config{Window: 2},
-	)
+	cfg.Executor = executor.New(st, mem, executor.Config{Window: 2})
 	cfg.Budget = mem
 	cfg.Catalog = checkpoint.New(st)
 	if mutate != nil {
@@ -205,10 +202,7 @@ func TestMemoryBudgetShedsLoad(t *testing.T) {
 		c.Planner.SegmentBytes = 8 << 20
 		c.Limits.WriteTimeout = 5 * time.Second
 		mem := budget.New(budget.Config{Bytes: 9 << 20, AdmitWait: 100 * time.Millisecond})
-		c.Executor = executor.New(
-			struct{ store.Store }{st}, mem,
-			executor.Config{Window: 2},
-		)
+		c.Executor = executor.New(struct{ store.Store }{st}, mem, executor.Config{Window: 2})
 		c.Budget = mem
 	})
 	stalledClient(t, e)
@@ -242,10 +236,7 @@ func TestSpansAndMetrics(t *testing.T) {
 		st := telemetry.InstrumentStore(local, tp, mp)
 		c.Catalog = checkpoint.New(st)
 		mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
-		c.Executor = executor.New(
-			st, mem,
-			executor.Config{Window: 2, Tracer: tp.Tracer("executor")},
-		)
+		c.Executor = executor.New(st, mem, executor.Config{Window: 2, Tracer: tp.Tracer("executor")})
 		c.Budget = mem
 		c.Tracer, c.Meter = tp, mp
 	})

@@ -44,12 +44,9 @@ func TestInPlaceRewriteNeverServesTwoVersions(t *testing.T) {
 	opts := planner.DefaultOptions() // one 8 MiB read per body: the longest window for a write to land in
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
 	srv := server.New(server.Config{Catalog: checkpoint.New(st), Planner: opts,
-		Limits: server.Limits{MaxBodyBytes: 1 << 20},
-		Executor: executor.New(
-			st, mem,
-			executor.Config{Window: 2},
-		),
-		Budget: mem,
+		Limits:   server.Limits{MaxBodyBytes: 1 << 20},
+		Executor: executor.New(st, mem, executor.Config{Window: 2}),
+		Budget:   mem,
 	})
 	ts := httptest.NewServer(srv.Handler())
 	defer ts.Close()

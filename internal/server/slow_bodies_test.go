@@ -122,10 +122,7 @@ func TestBodyTimeoutDoesNotCutStreams(t *testing.T) {
 	e := opsServer(t, func(c *server.Config, st store.Store) {
 		c.Limits.BodyTimeout = 200 * time.Millisecond
 		mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
-		c.Executor = executor.New(
-			slowStore{st}, mem,
-			executor.Config{Window: 1},
-		)
+		c.Executor = executor.New(slowStore{st}, mem, executor.Config{Window: 1})
 		c.Budget = mem
 	})
 	req := e.req // 8 segments of 256 KiB, 80 ms each: about 0.7 s

@@ -510,19 +510,9 @@ func (b *builder) fusedMoE(prefixes []string, numExperts, inter, hidden int64, q
 		if quant {
 			rows := CeilDiv(ipp, b.bn)
 			cols := CeilDiv(ipp, b.bk)
-			gs, us, ds := b.linScale(
-				gate,
-				inter,
-				hidden,
-			), b.linScale(
-				up,
-				inter,
-				hidden,
-			), b.linScale(
-				down,
-				hidden,
-				inter,
-			)
+			gs := b.linScale(gate, inter, hidden)
+			us := b.linScale(up, inter, hidden)
+			ds := b.linScale(down, hidden, inter)
 			s13 = append(
 				s13,
 				CatRows(
