@@ -124,6 +124,11 @@ func (b *Budget) Bytes() int64 { return b.bytes }
 // Held is how much of Bytes is reserved now.
 func (b *Budget) Held() int64 { return b.held.Load() }
 
+// Idle reports whether less than half of Bytes is held: a part may then take more than it needs
+// (a stream's read-ahead) and take no more once it is not, leaving the other half to new requests.
+// One atomic load: cheap enough to ask before every segment.
+func (b *Budget) Idle() bool { return 2*b.held.Load() < b.bytes }
+
 // Acquire takes n bytes (at most Bytes), waiting while ctx lasts.
 func (b *Budget) Acquire(ctx context.Context, n int64) error {
 	if err := b.memory.Acquire(ctx, n); err != nil {

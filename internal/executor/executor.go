@@ -17,6 +17,14 @@
 // output until it is written. Each stream holds at most StreamBytes; all streams together hold
 // what the process's memory budget (internal/budget) lets them, beside the bodies and plans it
 // holds too.
+//
+// While the budget is idle (budget.Idle: less than half of it held), a stream reads further ahead
+// — up to readAheadGrowth times its window and its StreamBytes — the segments whose reads land in
+// memory (an object store's ranged GETs, a cache's chunks, gathers), so that one large shard keeps
+// as many requests in flight as an SDK's parallel download does. The extra segments are charged as
+// any other; once the budget is more than half held, a stream starts no segment past its window
+// and StreamBytes, and so gives the extra back as its writer writes it. File sections never grow:
+// they are pinned at once, each holding a file open, and more of them in flight gains nothing.
 package executor
 
 import (
@@ -36,7 +44,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/shardsrv/shardsrv/internal/budget"
 	"github.com/shardsrv/shardsrv/internal/bytesize"
@@ -160,9 +167,8 @@ type Stream struct {
 	header  []byte
 	results []chan result // one per segment, each written exactly once
 	next    int
-	slots   chan struct{}       // the window: a slot per segment read but not yet written
-	own     *semaphore.Weighted // the stream's share of memory, StreamBytes
-	body    int64               // the body's length
+	ahead   readAhead // the window and the stream's share of memory
+	body    int64     // the body's length
 	// sendfile is whether the writer takes file sections by ReadFrom (a socket's sendfile);
 	// otherwise they are copied.
 	sendfile bool
@@ -192,7 +198,67 @@ func (s *Stream) chargeOf(n int64) charge {
 
 func (s *Stream) release(c charge) {
 	s.e.memory.Release(c.all)
-	s.own.Release(c.own)
+	s.ahead.give(c.own, 0)
+}
+
+// readAheadGrowth is how many times its window and its StreamBytes a stream may read ahead while
+// the budget is idle: 4 × 4 segments of 4 MiB from an object store are 16 ranged GETs and 64 MiB,
+// the 8 × 8 MiB the SDKs' parallel downloads keep in flight.
+const readAheadGrowth = 4
+
+// readAhead is what a stream holds ahead of its writer: the segments started and not yet written,
+// and their charge against the stream's share of memory. The stream's producer takes, its writer
+// gives back.
+type readAhead struct {
+	mu       sync.Mutex
+	segments int
+	bytes    int64
+	freed    chan struct{} // a token once something is given back, for the producer waiting
+}
+
+// take waits until the stream may start a segment charged own against its share, and takes its
+// place: within the window and StreamBytes, or, for a segment that grows and while the budget is
+// idle, within readAheadGrowth times them. A segment bigger than the share runs alone.
+func (s *Stream) take(ctx context.Context, own int64, grows bool) error {
+	for {
+		if s.ahead.tryTake(own, s.e.window, s.e.streamBytes, grows && s.e.memory.Idle()) {
+			return nil
+		}
+		select {
+		case <-s.ahead.freed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (a *readAhead) tryTake(own int64, window int, share int64, grown bool) bool {
+	if grown {
+		window, share = readAheadGrowth*window, readAheadGrowth*share
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.segments >= window || a.bytes > 0 && a.bytes+own > share {
+		return false
+	}
+	a.segments++
+	a.bytes += own
+	return true
+}
+
+// give gives back bytes of the share and segments of the window.
+func (a *readAhead) give(bytes int64, segments int) {
+	if bytes == 0 && segments == 0 {
+		return
+	}
+	a.mu.Lock()
+	a.bytes -= bytes
+	a.segments -= segments
+	a.mu.Unlock()
+	select {
+	case a.freed <- struct{}{}:
+	default: // the producer has a token already
+	}
 }
 
 // result is a produced segment: parts to write in order, what to give back once they are.
@@ -253,8 +319,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, to Output) (*Str
 		e:        e,
 		header:   p.Header,
 		results:  make([]chan result, len(segs)),
-		slots:    make(chan struct{}, e.window),
-		own:      semaphore.NewWeighted(e.streamBytes),
+		ahead:    readAhead{freed: make(chan struct{}, 1)},
 		body:     p.BodyBytes,
 		sendfile: to.Sendfile && to.Hash == nil && e.sendfile,
 		sent:     map[string]store.Section{},
@@ -276,7 +341,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, to Output) (*Str
 		if err := e.memory.Admit(ctx, first.charge.all+held+lag); err != nil {
 			return nil, err
 		}
-		s.own.TryAcquire(first.charge.own) // a new stream holds nothing yet
+		s.ahead.tryTake(first.charge.own, e.window, e.streamBytes, false) // a new stream holds nothing yet
 		if s.hash != nil {
 			s.hash.lag = lag
 			s.hash.chunks = make(chan struct{}, 1+lag/copyBytes)
@@ -296,10 +361,13 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, to Output) (*Str
 // job is a segment to produce: from sections of the store when runs are its direct runs, else
 // in a buffer; charge is the most memory it takes while it is produced.
 type job struct {
-	seg    *planner.Segment
-	rect   *rectangle // what its kernels read, when its item shares one
-	runs   []planner.Read
-	send   bool // its sections are files the socket may take by sendfile
+	seg  *planner.Segment
+	rect *rectangle // what its kernels read, when its item shares one
+	runs []planner.Read
+	send bool // its sections are files the socket may take by sendfile
+	// grows is whether it may be read ahead past the window while the budget is idle: its reads
+	// land in memory of its own (not files; not a rectangle, whose charge counts the window).
+	grows  bool
 	charge charge
 }
 
@@ -316,35 +384,31 @@ func (s *Stream) job(seg *planner.Segment, rect *rectangle) job {
 		if files && !send {
 			held = min(copyBytes, seg.Bytes)
 		}
-		return job{seg: seg, runs: runs, send: send, charge: s.chargeOf(held)}
+		return job{seg: seg, runs: runs, send: send, grows: !files, charge: s.chargeOf(held)}
 	}
 	if rect != nil { // its buffer is in the rectangle's charge, not the budget's again
 		return job{seg: seg, rect: rect, charge: charge{own: min(weight(seg), s.e.streamBytes)}}
 	}
-	return job{seg: seg, charge: s.chargeOf(weight(seg))}
+	return job{seg: seg, grows: true, charge: s.chargeOf(weight(seg))}
 }
 
-// produce starts each segment once it has a window slot and memory. A buffered segment gives
-// back its read buffers' share once it is produced.
+// produce starts each segment once it has its place in the read-ahead and memory (the first was
+// given both by Stream). A buffered segment gives back its read buffers' share once it is
+// produced.
 func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job) {
 	ctx := s.ctx
 	for i, seg := range segs {
 		j := first
-		var err error
-		slot := false
-		select {
-		case s.slots <- struct{}{}:
-			slot = true
-			if i > 0 {
-				j = s.job(seg, rects[i])
-				if err = s.own.Acquire(ctx, j.charge.own); err == nil {
-					if err = s.e.memory.Acquire(ctx, j.charge.all); err != nil {
-						s.own.Release(j.charge.own)
-					}
+		err := ctx.Err()
+		slot := i == 0 // the first segment's place was taken by Stream
+		if i > 0 && err == nil {
+			j = s.job(seg, rects[i])
+			if err = s.take(ctx, j.charge.own, j.grows); err == nil {
+				slot = true
+				if err = s.e.memory.Acquire(ctx, j.charge.all); err != nil {
+					s.ahead.give(j.charge.own, 0)
 				}
 			}
-		case <-ctx.Done():
-			err = ctx.Err()
 		}
 		rect := rects[i]
 		if err == nil && rect != nil && !rect.started {
@@ -360,7 +424,7 @@ func (s *Stream) produce(segs []*planner.Segment, rects []*rectangle, first job)
 		}
 		if err != nil {
 			if slot {
-				<-s.slots
+				s.ahead.give(0, 1)
 			}
 			if i == 0 {
 				s.release(first.charge)
@@ -454,7 +518,7 @@ func (s *Stream) written(r result) {
 	s.hash.add(nil, func() {
 		s.free(r)
 		if r.slot {
-			<-s.slots
+			s.ahead.give(0, 1)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -71,44 +72,151 @@ func stalled(t *testing.T, name string, mem *budget.Budget, most int64) {
 	}
 }
 
-// A stream whose writer stalls reads ahead only while its segments fit StreamBytes; sent from the
+// A stream whose writer stalls reads ahead only while its segments fit StreamBytes — or, while
+// the budget is idle, readAheadGrowth (4) times it, for segments read into memory; sent from the
 // file, a segment holds no buffer of its own: none by sendfile, the 256 KiB it is copied through
-// otherwise, and a hashing stream one more, which its hasher may lag behind the writer by.
+// otherwise, and a hashing stream one more, which its hasher may lag behind the writer by. File
+// sections do not grow.
 func TestStreamHoldsAtMostStreamBytes(t *testing.T) {
 	local, plan, data := copyPlan(t, 1<<20)
 	for _, c := range []struct {
-		name  string
-		store store.Store
-		most  int64
-		to    executor.Output
+		name        string
+		store       store.Store
+		most, grown int64
+		to          executor.Output
 	}{
-		{"buffered", struct{ store.Store }{local}, 2 << 20, executor.Output{}}, // two of the window's four 1 MiB segments
-		{"file sections, copied", local, 4 * 256 << 10, executor.Output{}},
-		{"file sections, copied and hashed", local, (4 + 1) * 256 << 10, executor.Output{Hash: sha256.New()}}, // and the lag
-		{"file sections by sendfile", local, 0, executor.Output{Sendfile: true}},                              // the window does not reach the copied end yet
+		{"buffered", struct{ store.Store }{local}, 1 << 20, 4 << 20, executor.Output{}}, // one 1 MiB segment, or four
+		{"file sections, copied", local, 4 * 256 << 10, 4 * 256 << 10, executor.Output{}},
+		{"file sections, copied and hashed", local, (4 + 1) * 256 << 10, (4 + 1) * 256 << 10, // and the lag
+			executor.Output{Hash: sha256.New()}}, // reset for each run
+		{"file sections by sendfile", local, 0, 0, executor.Output{Sendfile: true}}, // the window does not reach the copied end yet
 	} {
-		mem := budget.New(budget.Config{Bytes: 1 << 30})
-		e := executor.New(c.store, mem,
-			executor.Config{Window: 4, StreamBytes: 2 << 20, SocketBytes: 512 << 10})
-		stream, err := e.Stream(context.Background(), plan, c.to)
-		if err != nil {
-			t.Fatal(err)
+		for _, busy := range []bool{false, true} {
+			name := fmt.Sprintf("%s, budget busy %v", c.name, busy)
+			if c.to.Hash != nil {
+				c.to.Hash.Reset()
+			}
+			mem := budget.New(budget.Config{Bytes: 1 << 30})
+			var pressure int64 // another request's, holding half the budget
+			most := c.grown
+			if busy {
+				pressure, most = mem.Bytes()/2, c.most
+				mem.Acquire(context.Background(), pressure)
+			}
+			e := executor.New(c.store, mem,
+				executor.Config{Window: 4, StreamBytes: 1 << 20, SocketBytes: 512 << 10})
+			stream, err := e.Stream(context.Background(), plan, c.to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stalled(t, name, mem, pressure+most)
+			var body bytes.Buffer
+			_, err = stream.WriteTo(readFromBuffer{&body})
+			if err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], data) {
+				t.Errorf("%s: %v, or other bytes than the file's", name, err)
+			}
+			if want := sha256.Sum256(body.Bytes()); c.to.Hash != nil && !bytes.Equal(stream.Sum(), want[:]) {
+				t.Errorf("%s: the stream's hash is not the SHA-256 of its body", name)
+			}
+			stream.Close()
+			// WriteTo (or the hasher after it) gave back each segment once it was written, and Close
+			// has nothing left to drain.
+			if held := mem.Held() - pressure; held != 0 {
+				t.Errorf("%s: %d bytes held after the stream closed", name, held)
+			}
 		}
-		stalled(t, c.name, mem, c.most)
-		var body bytes.Buffer
-		_, err = stream.WriteTo(readFromBuffer{&body})
-		if err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], data) {
-			t.Errorf("%s: %v, or other bytes than the file's", c.name, err)
+	}
+}
+
+// blockingStore holds every ReadAt until the test lets it through, and counts the reads begun.
+type blockingStore struct {
+	store.Store
+	mu      sync.Mutex
+	begun   int
+	changed chan struct{} // a token whenever begun changes
+	pass    chan struct{} // a token lets one read through
+}
+
+func newBlockingStore(s store.Store) *blockingStore {
+	return &blockingStore{Store: s, changed: make(chan struct{}, 1), pass: make(chan struct{})}
+}
+
+func (b *blockingStore) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
+	b.mu.Lock()
+	b.begun++
+	b.mu.Unlock()
+	select {
+	case b.changed <- struct{}{}:
+	default:
+	}
+	select {
+	case <-b.pass:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return b.Store.ReadAt(ctx, key, version, p, off)
+}
+
+// settle waits until exactly want reads have begun, and fails the test the moment more have.
+func (b *blockingStore) settle(t *testing.T, what string, want int) {
+	t.Helper()
+	for {
+		b.mu.Lock()
+		n := b.begun
+		b.mu.Unlock()
+		if n > want {
+			t.Fatalf("%s: %d reads begun, want %d", what, n, want)
 		}
-		if want := sha256.Sum256(body.Bytes()); c.to.Hash != nil && !bytes.Equal(stream.Sum(), want[:]) {
-			t.Errorf("%s: the stream's hash is not the SHA-256 of its body", c.name)
+		if n == want {
+			return
 		}
-		stream.Close()
-		// WriteTo (or the hasher after it) gave back each segment once it was written, and Close
-		// has nothing left to drain.
-		if held := mem.Held(); held != 0 {
-			t.Errorf("%s: %d bytes held after the stream closed", c.name, held)
+		<-b.changed
+	}
+}
+
+// A stream of buffered segments (an object store's) reads readAheadGrowth (4) times its window
+// ahead while less than half of the budget is held; once another request holds more, it starts
+// nothing past its window until its writer has written the extra, and grows again once the budget
+// is idle again.
+func TestReadAheadGrowsWhileTheBudgetIsIdle(t *testing.T) {
+	local, plan, data := copyPlan(t, 256<<10) // 32 segments, one read each
+	blocking := newBlockingStore(local)
+	mem := budget.New(budget.Config{Bytes: 1 << 30})
+	e := executor.New(struct{ store.Store }{blocking}, mem,
+		executor.Config{Window: 2, StreamBytes: 512 << 10}) // two segments; grown, eight
+	stream, err := e.Stream(context.Background(), plan, executor.Output{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	blocking.settle(t, "idle budget: eight in flight", 8)
+
+	pressure := mem.Bytes() / 2
+	mem.Acquire(context.Background(), pressure)
+	var body bytes.Buffer
+	written := make(chan error, 1)
+	go func() {
+		_, err := stream.WriteTo(&body)
+		written <- err
+	}()
+	// The eight grown segments are read and written; while the budget is busy the stream starts
+	// only what its window of two holds.
+	passed := 0
+	let := func(n int) {
+		for range n {
+			blocking.pass <- struct{}{}
 		}
+		passed += n
+	}
+	let(8)
+	blocking.settle(t, "busy budget: two in flight", passed+2)
+	mem.Release(pressure)
+	let(1) // a segment written: the producer looks at the budget again
+	blocking.settle(t, "idle again: eight in flight", passed+8)
+
+	go let(32 - passed)
+	if err := <-written; err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], data) {
+		t.Fatalf("%v, or other bytes than the file's", err)
 	}
 }
 
