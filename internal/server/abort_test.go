@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,22 +21,25 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
-// failingStore fails every data read after the first `ok` ones with err.
+// failingStore fails every read at or past the file offset from with err; the header is read at
+// offset 0. Which reads fail is a matter of where they are, not of the order in which a stream's
+// read-ahead happens to issue them.
 type failingStore struct {
 	store.Store
-	ok    int64
-	reads atomic.Int64
-	err   error
+	from int64
+	err  error
 }
 
 func (f *failingStore) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
-	if off > 0 && f.reads.Add(1) > f.ok { // header reads (at offset 0) always pass
+	if off >= f.from {
 		return f.err
 	}
 	return f.Store.ReadAt(ctx, key, version, p, off)
 }
 
-func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest) {
+// failingServer serves a 256 KiB tensor in 16 segments of 16 KiB from a store whose reads fail at
+// and past the file offset from (1: every read of data).
+func failingServer(t *testing.T, from int64, err error) (string, api.ShardRequest) {
 	dir := t.TempDir()
 	data := make([]byte, 64*1024*4)
 	for i := range data {
@@ -50,7 +52,7 @@ func failingServer(t *testing.T, ok int64, err error) (string, api.ShardRequest)
 		safetensors.TensorData{Name: "w", DType: "F32", Shape: []int64{64, 1024}, Data: data},
 	)
 	local, _ := store.NewLocal(dir)
-	st := &failingStore{Store: local, ok: ok, err: err}
+	st := &failingStore{Store: local, from: from, err: err}
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 16 << 10 // 16 segments
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
@@ -92,7 +94,7 @@ func TestFailureBeforeHeadersIsAProblem(t *testing.T) {
 		err    error
 		status int
 	}{{store.ErrChanged, 409}, {errors.New("connection refused"), 502}, {context.DeadlineExceeded, 504}} {
-		url, req := failingServer(t, 0, c.err)
+		url, req := failingServer(t, 1, c.err)
 		res, body, err := post(t, url, req)
 		if err != nil || res.StatusCode != c.status || !strings.Contains(string(body), `"status":`) {
 			t.Errorf("%v: %d %s %v, want a %d problem", c.err, res.StatusCode, body, err, c.status)
@@ -101,7 +103,7 @@ func TestFailureBeforeHeadersIsAProblem(t *testing.T) {
 }
 
 func TestFailureAfterHeadersAbortsTheConnection(t *testing.T) {
-	url, req := failingServer(t, 3, store.ErrChanged)
+	url, req := failingServer(t, 128<<10, store.ErrChanged) // the first segment is read, the second half not
 	res, body, err := post(t, url, req)
 	if res.StatusCode != 200 {
 		t.Fatalf("status %d", res.StatusCode)

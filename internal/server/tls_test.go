@@ -90,12 +90,12 @@ func TestTLSBodyPaths(t *testing.T) {
 	req, _ := u8File(t, dir, data)
 	raw, _ := json.Marshal(req)
 	files, _ := fileServer(t, dir, 1<<20, 1<<30, 1<<20) // the last segment copied, the others sent
-	// The same checkpoint over a store whose data reads fail after the first two.
+	// The same checkpoint over a store whose reads fail from the second MiB of the data on.
 	local, err := store.NewLocal(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	failing := &failingStore{Store: local, ok: 2, err: store.ErrChanged}
+	failing := &failingStore{Store: local, from: 1 << 20, err: store.ErrChanged}
 	opts := planner.DefaultOptions()
 	opts.SegmentBytes = 256 << 10
 	mem := budget.New(budget.Config{Bytes: 1 << 30, AdmitWait: time.Second})
@@ -156,7 +156,6 @@ func TestTLSBodyPaths(t *testing.T) {
 			}
 
 			for _, digest := range []bool{false, true} {
-				failing.reads.Store(0)
 				res, body, err := send(abortClient, abortURL, digest)
 				if err == nil || int64(len(body)) >= shardLength(t, res) || res.Trailer.Get("Repr-Digest") != "" {
 					t.Errorf("a read failing after the headers (digest %v): %d of %d bytes, error %v, trailer %v; "+
