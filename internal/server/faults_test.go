@@ -152,7 +152,10 @@ func faultsOnData(faults map[int]s3test.Fault) func(int, *http.Request) s3test.F
 // store's budget fails the fetch with this deadline instead of a problem.
 const fetchWithin = 30 * time.Second
 
-func (e *faultEnv) fetch(t *testing.T) (int, http.Header, []byte, error) {
+func (e *faultEnv) fetch(t *testing.T) (int, http.Header, []byte, error) { return e.fetchThen(t, nil) }
+
+// fetchThen is fetch that calls headers, when it is not nil, once the response's headers are in.
+func (e *faultEnv) fetchThen(t *testing.T, headers func()) (int, http.Header, []byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), fetchWithin)
 	defer cancel()
 	raw, _ := json.Marshal(e.req)
@@ -163,6 +166,9 @@ func (e *faultEnv) fetch(t *testing.T) (int, http.Header, []byte, error) {
 		t.Fatalf("no answer within %s: %v", fetchWithin, err)
 	}
 	defer res.Body.Close()
+	if headers != nil {
+		headers()
+	}
 	body, err := io.ReadAll(res.Body)
 	return res.StatusCode, res.Header, body, err
 }
@@ -281,17 +287,22 @@ func TestS3StalledStoreTimesOutWithin(t *testing.T) {
 func TestS3ObjectReplacedMidLoad(t *testing.T) {
 	e := faultServer(t, s3reader.Config{})
 	replaced := pattern(len(e.data), 7)
-	// Replaced after the first segment was read and sent: the next read's If-Match fails and the
-	// connection is aborted, so the client never holds bytes of two versions.
+	// Replaced once the first segment was read (the response's headers wait for it), before the
+	// request for the second goes on, however many the read-ahead has in flight: that read's
+	// If-Match fails and the connection is aborted, so the client never holds bytes of two versions.
 	secondSegment := fmt.Sprintf("bytes=%d-", len(headerOf(e.data))+64<<10)
+	headers := make(chan struct{})
 	var once, once2 sync.Once
 	e.proxy.Decide = func(n int, r *http.Request) s3test.Fault {
 		if strings.HasPrefix(r.Header.Get("Range"), secondSegment) {
-			once.Do(func() { e.g.PutErr(e.bucket, "m/model.safetensors", checkpointBytes(replaced)) })
+			once.Do(func() {
+				<-headers
+				e.g.PutErr(e.bucket, "m/model.safetensors", checkpointBytes(replaced))
+			})
 		}
 		return s3test.Pass
 	}
-	status, _, body, err := e.fetch(t)
+	status, _, body, err := e.fetchThen(t, func() { close(headers) })
 	if status != 200 || err == nil || len(body) >= len(e.data) {
 		t.Fatalf("status %d, %d bytes, err %v: want a short body and an error", status, len(body), err)
 	}
