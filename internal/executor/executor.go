@@ -70,7 +70,7 @@ type Executor struct {
 // Config sizes an executor. A field left at zero takes its default.
 type Config struct {
 	// Window is how many segments of one stream are read ahead of the writer, at most (zero:
-	// DefaultWindow).
+	// DefaultWindow), but for the growth while the budget is idle.
 	Window int
 	// StreamBytes is the most memory one stream's segments hold at once (0: DefaultStreamBytes);
 	// a segment bigger than it runs alone.
@@ -101,13 +101,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.StreamBytes = DefaultStreamBytes
 	fs.Var(bytesize.Value{P: &c.StreamBytes}, "stream-bytes",
 		"most memory (`SIZE`) one response's buffers hold: segments are read ahead of the writer while they fit; "+
-			"segments sent from local files hold 256 KiB at most")
+			"segments sent from local files hold 256 KiB at most; while less than half of --memory-bytes is held, "+
+			"segments read into memory (an object store's) are read ahead up to 4 times this and --window")
 	fs.BoolVar(&c.NoSendfile, "no-sendfile", false,
 		"copy byte ranges of local files to every client that declines the digest through a 256 KiB buffer "+
 			"instead of sending them by sendfile (a client on this host is always copied to; to one over a veth "+
 			"pair copying can be faster too)")
 	fs.IntVar(&c.Window, "window", DefaultWindow,
-		"most segments of one response read ahead of the writer (--stream-bytes bounds their memory)")
+		"most segments of one response read ahead of the writer (--stream-bytes bounds their memory, and says "+
+			"when both grow)")
 }
 
 // Validate reports settings no stream can run with: negative ones (zero is the default).
