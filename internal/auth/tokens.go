@@ -40,11 +40,19 @@ type Tokens struct {
 // TokensOptions tune LoadTokens.
 type TokensOptions struct {
 	// Reload is how often the file is read again: the longest a revoked token may still work.
-	// Default 1 s.
+	// Zero: 1 s; negative: refused.
 	Reload time.Duration
 	// Logger receives an error for each re-read that revoked every token, and a line when the
 	// tokens change. Default: nothing is logged.
 	Logger *slog.Logger
+}
+
+// Validate reports what LoadTokens refuses: a negative Reload.
+func (o TokensOptions) Validate() error {
+	if o.Reload < 0 {
+		return fmt.Errorf("auth: the tokens file's reload interval %s is negative", o.Reload)
+	}
+	return nil
 }
 
 // maxTokensFile bounds the tokens file read.
@@ -54,6 +62,9 @@ const maxTokensFile = 1 << 20
 func LoadTokens(path string, opts ...TokensOptions) (*Tokens, error) {
 	t := &Tokens{path: path, reload: time.Second, log: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
+		if err := o.Validate(); err != nil {
+			return nil, err
+		}
 		if o.Reload > 0 {
 			t.reload = o.Reload
 		}
