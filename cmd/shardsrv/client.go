@@ -980,7 +980,7 @@ func layoutCmd(args []string, stdout, stderr io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(api.ShardRequest{Checkpoint: table.Checkpoint, Tensors: table.Tensors})
 	}
-	rows := [][]string{{"tensor", "dtype", "shape", "bytes", ""}}
+	rows := [][]string{{"tensor", "dtype", "shape", "bytes", "size"}}
 	var total int64
 	for _, t := range table.Tensors {
 		n := int64(0)

@@ -130,7 +130,7 @@ func TestLayoutCommand(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 2+len(want.Tensors) ||
-		!slices.Equal(strings.Fields(lines[0]), []string{"tensor", "dtype", "shape", "bytes"}) ||
+		!slices.Equal(strings.Fields(lines[0]), []string{"tensor", "dtype", "shape", "bytes", "size"}) ||
 		!strings.HasPrefix(lines[len(lines)-1], "total") {
 		t.Fatalf("table:\n%s", out.String())
 	}
