@@ -286,8 +286,7 @@ func rowSlab(ckpt string, from, n int64, step int64, dtype api.DType) api.ShardR
 var scratch string
 
 // declined is the request header that declines the response digest, and with it lets the server
-// send direct runs of local files by sendfile (to a client on another host; curl, on this one, is
-// copied to).
+// send direct runs of local files by sendfile.
 const declined = "Want-Repr-Digest: sha-256=0"
 
 // curl is the client wherever a plain handler is the yardstick: faster than a Go client, it
@@ -387,7 +386,7 @@ func localScenarios(r *report, bin, store string) {
 			"curl as the client",
 		row{"plain Go handler, the same number of bytes from a 1 GiB buffer in RAM", throughput(gib, base), ""},
 		row{
-			"shardsrv direct path, digest declined (copied through a 256 KiB buffer: curl is on this host)",
+			"shardsrv direct path, digest declined (sendfile)",
 			throughput(gib, dirOff),
 			fmt.Sprintf("%.2f× the plain handler (goal ≥ 0.9×)", ratio(base, dirOff)),
 		},

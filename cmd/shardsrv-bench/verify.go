@@ -18,7 +18,7 @@ import (
 // --verify required against --verify off, digest declined (so the hashing measured is the
 // verification's alone). The warm-up read of each server is the first: the timed ones are later
 // reads of the same file, which a local file's shard verdicts serve from the page cache without
-// hashing (copied, curl being on this host).
+// hashing (by sendfile).
 func verifyScenario(r *report, bin, store string) {
 	const gib = 1 << 30
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -105,8 +105,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 			"segments read into memory (an object store's) are read ahead up to 4 times this and --window")
 	fs.BoolVar(&c.NoSendfile, "no-sendfile", false,
 		"copy byte ranges of local files to every client that declines the digest through a 256 KiB buffer "+
-			"instead of sending them by sendfile (a client on this host is always copied to; to one over a veth "+
-			"pair copying can be faster too)")
+			"instead of sending them by sendfile (to a client over a veth pair copying can be faster)")
 	fs.IntVar(&c.Window, "window", DefaultWindow,
 		"most segments of one response read ahead of the writer (--stream-bytes bounds their memory, and says "+
 			"when both grow)")

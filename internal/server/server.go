@@ -14,9 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -405,8 +403,7 @@ func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, purpose re
 // The body trails a Repr-Digest unless the client declines it (digest.go). Over HTTP/1.1 a
 // trailer needs the chunked coding, which excludes Content-Length, so the length is then in
 // Shard-Length alone; without the digest (or over HTTP/2) Content-Length carries it too, and
-// segments read straight from local files go to the socket by sendfile — unless the client is on
-// this host, where copying them costs less (onThisHost).
+// segments read straight from local files go to the socket by sendfile.
 func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
@@ -421,7 +418,7 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	s.metrics.streams.Add(ctx, 1)
 	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
 	digest := sendsDigest(r)
-	to := executor.Output{Sendfile: !onThisHost(r)}
+	to := executor.Output{Sendfile: true}
 	if digest {
 		to.Hash = sha256.New()
 	}
@@ -516,28 +513,6 @@ func readFrom(w io.Writer, r io.Reader) (int64, error) {
 		return rf.ReadFrom(r)
 	}
 	return io.Copy(struct{ io.Writer }{w}, r)
-}
-
-// onThisHost reports whether the client is on this host: its address is a loopback one, or the
-// connection's own local address — Linux routes both over the loopback device. There sendfile
-// costs more than copying: the client's reads of the page-cache pages sendfile queued took more
-// CPU than the server's copy into socket buffers saves (docs/performance.md). To a client on
-// another host, sendfile saves the server that copy.
-func onThisHost(r *http.Request) bool {
-	peer, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil {
-		return false
-	}
-	ip := peer.Addr().Unmap()
-	if ip.IsLoopback() {
-		return true
-	}
-	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	if !ok {
-		return false
-	}
-	self, err := netip.ParseAddrPort(local.String())
-	return err == nil && self.Addr().Unmap() == ip
 }
 
 // PostPlan answers the plan without reading tensor data. Planning costs what it costs for a

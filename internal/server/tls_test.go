@@ -105,7 +105,7 @@ func TestTLSBodyPaths(t *testing.T) {
 
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			url, client, l := tr.start(t, fromAnotherHost(files)) // a client on this host is always copied to
+			url, client, l := tr.start(t, files)
 			abortURL, abortClient, _ := tr.start(t, aborting)
 			send := func(c *http.Client, url string, digest bool) (*http.Response, []byte, error) {
 				t.Helper()
