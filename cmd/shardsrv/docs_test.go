@@ -37,8 +37,8 @@ import (
 
 // serveDefaults are serve's flags with local-directory and with object-store defaults.
 func serveDefaults() (local, object *flag.FlagSet) {
-	_, local = newServeFlags(false, io.Discard)
-	_, object = newServeFlags(true, io.Discard)
+	_, local = newServeFlags("", io.Discard)
+	_, object = newServeFlags(anyObjectStore, io.Discard)
 	return local, object
 }
 

@@ -120,6 +120,28 @@ func TestS3StoreGetsObjectStorageDefaults(t *testing.T) {
 	}
 }
 
+func TestAzureStoreReadsInItsOwnSize(t *testing.T) {
+	for _, tc := range []struct {
+		args             []string
+		segment, maxRead int64
+	}{
+		{[]string{"--store", "az://account/container"}, azstore.ReadBytes, azstore.ReadBytes},
+		{[]string{"--store", "az://account/container", "--max-read", "4MiB"}, azstore.ReadBytes, 4 << 20},
+		{[]string{"--store", "gs://bucket"}, planner.ObjectStoreOptions().SegmentBytes,
+			planner.ObjectStoreOptions().MaxRead},
+	} {
+		c, err := parseServe(tc.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.planner.SegmentBytes != tc.segment || c.planner.MaxRead != tc.maxRead ||
+			c.planner.MaxGap != planner.ObjectStoreOptions().MaxGap {
+			t.Errorf("%q: segments %d, reads %d, gap %d: want %d, %d and the object stores' gap", tc.args,
+				c.planner.SegmentBytes, c.planner.MaxRead, c.planner.MaxGap, tc.segment, tc.maxRead)
+		}
+	}
+}
+
 // `shardsrv example --out DIR` writes nothing outside DIR, and every file its curls send is there.
 func TestExampleCurlsSendFilesInsideItsDirectory(t *testing.T) {
 	parent := t.TempDir()

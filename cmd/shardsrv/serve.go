@@ -60,12 +60,15 @@ const (
 	defaultShutdownGrace = 25 * time.Second
 )
 
-// newServeFlags returns serve's flags over a fresh config whose defaults suit a local directory,
-// or an object store.
-func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) {
+// newServeFlags returns serve's flags over a fresh config whose defaults suit the store url names:
+// a local directory, or an object store, with its own read size where it has one.
+func newServeFlags(url string, stderr io.Writer) (*config, *flag.FlagSet) {
 	c := &config{planner: planner.DefaultOptions(), cache: cache.DefaultConfig(), objectStores: newObjectStoreConfigs()}
-	if objectStore {
+	if i := objectStoreOf(url); i >= 0 {
 		c.planner, c.cache = planner.ObjectStoreOptions(), cache.ObjectStoreConfig()
+		if n := objectStores[i].readBytes; n > 0 {
+			c.planner.SegmentBytes, c.planner.MaxRead = n, n
+		}
 	}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -98,12 +101,19 @@ func newServeFlags(objectStore bool, stderr io.Writer) (*config, *flag.FlagSet) 
 }
 
 // objectStoreDefaults lists the flags whose defaults differ for object stores, as serve -h shows.
-func objectStoreDefaults() string {
-	_, local := newServeFlags(false, io.Discard)
-	_, object := newServeFlags(true, io.Discard)
+func objectStoreDefaults() string { return defaultsBeside("", anyObjectStore) }
+
+// anyObjectStore names an object store of the defaults all of them share.
+const anyObjectStore = "s3://"
+
+// defaultsBeside lists the flags whose defaults differ for the store url names from those for the
+// store base names.
+func defaultsBeside(base, url string) string {
+	_, before := newServeFlags(base, io.Discard)
+	_, after := newServeFlags(url, io.Discard)
 	var diffs []string
-	object.VisitAll(func(f *flag.Flag) {
-		if f.DefValue != local.Lookup(f.Name).DefValue {
+	after.VisitAll(func(f *flag.Flag) {
+		if f.DefValue != before.Lookup(f.Name).DefValue {
 			diffs = append(diffs, "--"+f.Name+" "+f.DefValue)
 		}
 	})
@@ -113,9 +123,9 @@ func objectStoreDefaults() string {
 // parseServe parses serve's flags. It parses twice when --store names an object store: the
 // second time over the object-store defaults, so a flag left unset takes the default that suits it.
 func parseServe(args []string, stderr io.Writer) (*config, error) {
-	c, err := parseServeOnce(args, false, stderr)
+	c, err := parseServeOnce(args, "", stderr)
 	if err == nil && isObjectStore(c.store) {
-		c, err = parseServeOnce(args, true, stderr)
+		c, err = parseServeOnce(args, c.store, stderr)
 	}
 	if err != nil {
 		return nil, err
@@ -136,8 +146,8 @@ func (c *config) derive() {
 	}
 }
 
-func parseServeOnce(args []string, objectStore bool, stderr io.Writer) (*config, error) {
-	c, fs := newServeFlags(objectStore, stderr)
+func parseServeOnce(args []string, url string, stderr io.Writer) (*config, error) {
+	c, fs := newServeFlags(url, stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: shardsrv serve --store %s [flags]\n\n"+
 			"Runs the HTTP service. Every flag can also be set as SHARDSRV_<FLAG> (e.g. SHARDSRV_STORE).\n"+
@@ -146,8 +156,9 @@ func parseServeOnce(args []string, objectStore bool, stderr io.Writer) (*config,
 			"sets).\nGCS credentials are Application Default Credentials (Workload Identity on GKE); "+
 			"STORAGE_EMULATOR_HOST\nor --gcs-endpoint for an emulator. Azure: AZURE_STORAGE_CONNECTION_STRING, "+
 			"else AZURE_STORAGE_KEY,\nelse DefaultAzureCredential (Workload Identity on AKS).\n"+
-			"For object stores the defaults become %s unless given.\n"+
-			"Sizes take units: 16777216, 16MiB, 16Mi, 1.5GiB.\n\nFlags:\n", storeForms(), objectStoreDefaults())
+			"For object stores the defaults become %s unless given%s.\n"+
+			"Sizes take units: 16777216, 16MiB, 16Mi, 1.5GiB.\n\nFlags:\n", storeForms(), objectStoreDefaults(),
+			ownReadSizes())
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -28,10 +28,13 @@ type objectStoreConfig interface {
 var objectStores = []struct {
 	form   string
 	config func() objectStoreConfig
+	// readBytes is the store's own segment and read size, where it is not the object stores'
+	// (planner.ObjectStoreOptions); 0 for none.
+	readBytes int64
 }{
-	{"s3://BUCKET/PREFIX", func() objectStoreConfig { return new(s3reader.Config) }},
-	{"gs://BUCKET/PREFIX", func() objectStoreConfig { return new(gcsstore.Config) }},
-	{"az://ACCOUNT/CONTAINER/PREFIX", func() objectStoreConfig { return new(azstore.Config) }},
+	{"s3://BUCKET/PREFIX", func() objectStoreConfig { return new(s3reader.Config) }, 0},
+	{"gs://BUCKET/PREFIX", func() objectStoreConfig { return new(gcsstore.Config) }, 0},
+	{"az://ACCOUNT/CONTAINER/PREFIX", func() objectStoreConfig { return new(azstore.Config) }, azstore.ReadBytes},
 }
 
 // newObjectStoreConfigs returns a fresh config of every object store, in the table's order.
@@ -56,6 +59,18 @@ func objectStoreOf(url string) int {
 
 // isObjectStore reports whether a --store value names an object store.
 func isObjectStore(url string) bool { return objectStoreOf(url) >= 0 }
+
+// ownReadSizes says, for serve -h, which stores read in their own size and with which defaults.
+func ownReadSizes() string {
+	var own []string
+	for _, o := range objectStores {
+		if o.readBytes > 0 {
+			scheme, _, _ := strings.Cut(o.form, "://")
+			own = append(own, "; "+scheme+":// also "+defaultsBeside(anyObjectStore, scheme+"://"))
+		}
+	}
+	return strings.Join(own, "")
+}
 
 // storeForms lists what --store takes, for help and messages.
 func storeForms() string {
