@@ -7,27 +7,31 @@ import (
 	"log"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/shardsrv/shardsrv/internal/azstore"
 	"github.com/shardsrv/shardsrv/internal/azstore/aztest"
+	"github.com/shardsrv/shardsrv/internal/gcsstore"
 	"github.com/shardsrv/shardsrv/internal/gcsstore/gcstest"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
+	"github.com/shardsrv/shardsrv/internal/store"
 )
 
 // The SDK downloads the store scenarios compare with: 8 MiB parts, 8 in flight.
 const sdkPart, sdkConcurrency = 8 << 20, 8
 
 // objectStoreScenarios: one 512 MiB direct shard from the GCS and Azure emulators, through
-// shardsrv against the same SDK's parallel ranged download of the same bytes in the same run.
+// shardsrv (curl the client, the digest declined and on) against the same SDK's parallel ranged
+// download of the same bytes, alternated in the same run, and the store stage alone.
 func objectStoreScenarios(r *report, bin, dir string) {
 	big := safetensorsFile(safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{bigRows, bigCols},
 		Data: randomBytes(bigRows*bigCols*2, 4)})
-	size := int64(bigRows * bigCols * 2)
-	start := int64(len(big)) - size
-	key := "big/model.safetensors"
+	sc := objectStoreScenario{size: int64(bigRows * bigCols * 2), key: "big/model.safetensors",
+		shard: bodyFile(bigSlab(bigRows))}
+	sc.start = int64(len(big)) - sc.size
+	ctx := context.Background()
 	if want("gcs") {
 		if gcsBin, err := gcstest.Binary(); err != nil {
 			log.Printf("fake-gcs-server not found (make tools): skipping the GCS scenario")
@@ -36,14 +40,13 @@ func objectStoreScenarios(r *report, bin, dir string) {
 			s, err := gcstest.Run(gcsBin, filepath.Join(dir, "gcs"))
 			must(err)
 			defer s.Stop()
-			ctx := context.Background()
 			must(s.Client.Bucket(bucket).Create(ctx, "bench", nil))
 			log.Printf("uploading 512 MiB to fake-gcs-server")
-			must(s.PutErr(bucket, key, big))
-			obj := s.Client.Bucket(bucket).Object(key)
-			base := timed(func() {
-				parallel(size, func(ctx context.Context, off, n int64, p []byte) error {
-					rd, err := obj.NewRangeReader(ctx, start+off, n)
+			must(s.PutErr(bucket, sc.key, big))
+			obj := s.Client.Bucket(bucket).Object(sc.key)
+			sdk := func() {
+				parallel(sc.size, func(ctx context.Context, off, n int64, p []byte) error {
+					rd, err := obj.NewRangeReader(ctx, sc.start+off, n)
 					if err != nil {
 						return err
 					}
@@ -51,11 +54,11 @@ func objectStoreScenarios(r *report, bin, dir string) {
 					_, err = io.ReadFull(rd, p)
 					return err
 				})
-			})
+			}
+			st, err := gcsstore.New(ctx, gcsstore.Config{Bucket: bucket, Endpoint: s.Endpoint})
+			must(err)
 			srv := startServerEnv(bin, "gs://"+bucket, nil, "--gcs-endpoint", s.Endpoint, "--cache-bytes", "0")
-			got := timed(func() { fetch("http://"+srv.addr+"/v1/shards", bigSlab(bigRows)) })
-			srv.stop()
-			storeRows(r, "GCS (fake-gcs-server on loopback)", "Go storage SDK", size, base, got)
+			sc.run(r, "GCS (fake-gcs-server on loopback)", "Go storage SDK", srv, sdk, st)
 		}
 	}
 	if want("azure") {
@@ -68,24 +71,66 @@ func objectStoreScenarios(r *report, bin, dir string) {
 		s, err := aztest.Run(azBin, filepath.Join(dir, "azure"))
 		must(err)
 		defer s.Stop()
-		ctx := context.Background()
 		_, err = s.Client.CreateContainer(ctx, bucket, nil)
 		must(err)
 		log.Printf("uploading 512 MiB to Azurite")
-		must(s.PutErr(bucket, key, big))
-		buf := make([]byte, size)
-		base := timed(func() {
-			_, err := s.Client.DownloadBuffer(ctx, bucket, key, buf, &azblob.DownloadBufferOptions{
-				Range: azblob.HTTPRange{Offset: start, Count: size}, BlockSize: sdkPart, Concurrency: sdkConcurrency})
+		must(s.PutErr(bucket, sc.key, big))
+		buf := make([]byte, sc.size)
+		sdk := func() {
+			_, err := s.Client.DownloadBuffer(ctx, bucket, sc.key, buf, &azblob.DownloadBufferOptions{
+				Range: azblob.HTTPRange{Offset: sc.start, Count: sc.size}, BlockSize: sdkPart, Concurrency: sdkConcurrency})
 			must(err)
-		})
-		env := []string{"AZURE_STORAGE_KEY=" + aztest.AccountKey}
-		srv := startServerEnv(bin, "az://"+aztest.Account+"/"+bucket, env, "--azure-endpoint", s.Endpoint,
+		}
+		must(os.Setenv(azstore.EnvAccountKey, aztest.AccountKey))
+		st, err := azstore.New(ctx, azstore.Config{Account: aztest.Account, Container: bucket, Endpoint: s.Endpoint})
+		must(err)
+		srv := startServerEnv(bin, "az://"+aztest.Account+"/"+bucket, nil, "--azure-endpoint", s.Endpoint,
 			"--cache-bytes", "0")
-		got := timed(func() { fetch("http://"+srv.addr+"/v1/shards", bigSlab(bigRows)) })
-		srv.stop()
-		storeRows(r, "Azure Blob (Azurite on loopback)", "azblob DownloadBuffer", size, base, got)
+		sc.run(r, "Azure Blob (Azurite on loopback)", "azblob DownloadBuffer", srv, sdk, st)
 	}
+}
+
+// objectStoreScenario is the 512 MiB tensor's place in its object and the shard request for it.
+type objectStoreScenario struct {
+	key         string
+	start, size int64
+	shard       string // the request body, for curl
+}
+
+// run times the SDK download, shardsrv (digest declined, then on) and the store stage, the first
+// three alternated, and reports them; it stops srv.
+func (sc objectStoreScenario) run(r *report, title, sdkName string, srv *server, sdk func(), st store.Store) {
+	url := "http://" + srv.addr + "/v1/shards"
+	ds := interleaved(
+		sdk,
+		func() { curl(url, sc.shard, sc.size, declined) },
+		func() { curl(url, sc.shard, sc.size) },
+	)
+	srv.stop()
+	base, off, on := ds[0], ds[1], ds[2]
+	info, err := st.Stat(context.Background(), sc.key)
+	must(err)
+	// The store stage: the store's ReadAt (pinned to the version, as shardsrv reads) in the SDK's
+	// parts, as many in flight, into memory: what is left of the gap beyond it is the HTTP hop.
+	stage := timed(func() {
+		parallel(sc.size, func(ctx context.Context, off, n int64, p []byte) error {
+			return st.ReadAt(ctx, sc.key, info.Version, p, sc.start+off)
+		})
+	})
+	r.goal(goal{"512 MiB from " + title + ", digest declined", throughput(sc.size, off),
+		sdkName + ": " + throughput(sc.size, base), fmt.Sprintf("%.2f×", ratio(base, off)), "≥ 0.8×"})
+	r.goal(goal{"the same, default flags (digest on)", throughput(sc.size, on),
+		sdkName + ": " + throughput(sc.size, base), fmt.Sprintf("%.2f×", ratio(base, on)), "≥ 0.8×"})
+	r.add(title+": one 512 MiB direct shard, curl as the client",
+		row{fmt.Sprintf("%s, parallel ranged download of the same bytes into memory, in process (%d MiB parts, "+
+			"%d in flight)", sdkName, sdkPart>>20, sdkConcurrency), throughput(sc.size, base), ""},
+		row{"shardsrv (cache off), digest declined", throughput(sc.size, off),
+			fmt.Sprintf("%.2f× the SDK download (goal ≥ 0.8×)", ratio(base, off))},
+		row{"shardsrv (cache off), Repr-Digest trailer", throughput(sc.size, on),
+			fmt.Sprintf("%.2f× the SDK download; %.2f× without the digest", ratio(base, on), ratio(off, on))},
+		row{"shardsrv's store stage alone (the store's ReadAt, same parts, no HTTP hop)", throughput(sc.size, stage),
+			fmt.Sprintf("%.2f× the SDK download", ratio(base, stage))},
+	)
 }
 
 // parallel reads size bytes in sdkPart parts, sdkConcurrency at once, into one buffer.
@@ -98,15 +143,4 @@ func parallel(size int64, read func(ctx context.Context, off, n int64, p []byte)
 		g.Go(func() error { return read(ctx, off, n, buf[off:off+n]) })
 	}
 	must(g.Wait())
-}
-
-func storeRows(r *report, title, sdk string, size int64, base, got []time.Duration) {
-	r.goal(goal{"512 MiB from " + title, throughput(size, got), sdk + ": " + throughput(size, base),
-		fmt.Sprintf("%.2f×", ratio(base, got)), "≥ 0.8×"})
-	r.add(title+": one 512 MiB direct shard",
-		row{fmt.Sprintf("%s, parallel ranged download of the same bytes (%d MiB parts, %d in flight)", sdk,
-			sdkPart>>20, sdkConcurrency), throughput(size, base), ""},
-		row{"shardsrv (cache off), through HTTP to the client", throughput(size, got),
-			fmt.Sprintf("%.2f× the SDK download (goal ≥ 0.8×)", ratio(base, got))},
-	)
 }
