@@ -217,7 +217,7 @@ func New(inner store.Store, opts Options) (*Store, error) {
 		Forwarder: store.Forwarder{Next: inner},
 		opts:      opts,
 		stripe:    (cmp.Or(opts.StripeBytes, DefaultStripeBytes) + opts.ChunkBytes - 1) / opts.ChunkBytes * opts.ChunkBytes,
-		client:    newClient(opts.Timeout, opts.TLS),
+		client:    newClient(opts.TLS),
 		tracer:    opts.Tracer.Tracer("shardsrv/cluster"),
 		down:      map[string]time.Time{},
 		waiting:   map[string][]*fetchWait{},
@@ -240,12 +240,14 @@ func New(inner store.Store, opts Options) (*Store, error) {
 }
 
 // newClient is the peers' HTTP client: no proxy (peers are pod addresses, never behind the one
-// the object store may need), a short dial so a dead peer is found at once, and enough idle
-// connections for the fills one replica has in flight to one owner.
-func newClient(timeout time.Duration, tlsConfig *tls.Config) *http.Client {
+// the object store may need), and enough idle connections for the fills one replica has in flight
+// to one owner. Connecting is bounded by the fetch's time-out alone: a loaded replica can take
+// seconds to complete a connection to a live peer, and a peer marked down for that has its
+// stripes read from storage twice (a killed one refuses connections at once).
+func newClient(tlsConfig *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		TLSClientConfig:     tlsConfig,
-		DialContext:         (&net.Dialer{Timeout: min(time.Second, timeout), KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}}

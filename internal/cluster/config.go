@@ -29,8 +29,8 @@ type Config struct {
 
 // The defaults of the durations. A fetch includes the owner's own storage read, queued behind a
 // fan-in's: on a loaded machine 5 s marked busy replicas down (3 replicas of a 64-pod fan-in on 2
-// cores then read 2.3× the file). A dead replica is found sooner: its connections break, and new
-// ones fail within a second.
+// cores then read 2.3× the file). A killed replica is found sooner: its connections break, and new
+// ones are refused.
 const (
 	DefaultDNSRefresh = 10 * time.Second
 	DefaultTimeout    = 30 * time.Second
