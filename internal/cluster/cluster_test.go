@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,9 +36,18 @@ type replica struct {
 }
 
 func newReplica(t *testing.T, storage store.Store, timeout time.Duration) *replica {
+	return newReplicaOn(t, nil, storage, timeout)
+}
+
+// newReplicaOn is newReplica serving on ln (nil: a listener of its own).
+func newReplicaOn(t *testing.T, ln net.Listener, storage store.Store, timeout time.Duration) *replica {
 	t.Helper()
 	r := &replica{}
 	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(r.serve))
+	if ln != nil {
+		r.srv.Listener.Close()
+		r.srv.Listener = ln
+	}
 	r.srv.Start()
 	t.Cleanup(r.srv.Close)
 	var err error
@@ -233,6 +245,89 @@ func TestAWaitForAHungPeerEndsWhenItIsFoundDown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A live peer slow to take connections — its process too busy to accept them, its accept queue
+// full — is waited for within the peer time-out, however long connecting takes: it is not found
+// down, and the chunk it owns is read from storage once, by it.
+func TestAPeerSlowToConnectIsNotFoundDown(t *testing.T) {
+	data := pattern(8 * chunk)
+	local, put := storetest.Local(t)
+	put("m/f", data)
+	counting := storetest.NewCounting(local)
+	ln, accept := queueOfOne(t)
+	rs := []*replica{newReplica(t, counting, time.Hour), newReplicaOn(t, ln, counting, time.Hour)}
+	for _, r := range rs {
+		r.cl.SetPeers([]string{rs[0].srv.URL, rs[1].srv.URL})
+	}
+	v := version(t, rs[0].top)
+	var c cluster.Chunk // one of rs[1]'s
+	for off := int64(0); off < int64(len(data)) && c.Length == 0; off += chunk {
+		if owner, _ := rs[0].cl.Owner(cluster.Chunk{Key: "m/f", Version: v, Offset: off}); owner == rs[1].srv.URL {
+			c = cluster.Chunk{Key: "m/f", Version: v, Offset: off, Length: chunk}
+		}
+	}
+	if c.Length == 0 {
+		t.Fatal("the second replica owns no chunk")
+	}
+	// The one connection the accept queue holds is taken: the fetch's connection is pending until
+	// the peer accepts, 2 s into the fetch (a connect bounded by 1 s of its own failed here).
+	filler, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), readWithin)
+	defer cancel()
+	done := make(chan error, 1)
+	p := make([]byte, chunk)
+	go func() { done <- rs[0].top.ReadAt(ctx, c.Key, v, p, c.Offset) }()
+	for deadline := time.Now().Add(30 * time.Second); !rs[0].cl.Waits(c); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica never asked its peer")
+		}
+	}
+	time.Sleep(2 * time.Second)
+	close(accept)
+	if err := <-done; err != nil || !bytes.Equal(p, data[c.Offset:c.Offset+chunk]) {
+		t.Fatalf("read: %v", err)
+	}
+	if st := rs[0].cl.Stats(); st.PeerErrors != 0 || st.PeerLoads != 1 || st.Peers != 2 || counting.Bytes() != chunk {
+		t.Errorf("%+v, storage read %d bytes: the slow peer gives its chunk, read once", st, counting.Bytes())
+	}
+}
+
+// queueOfOne listens on loopback with an accept queue of one connection (backlog 0), and accepts
+// none until accept is closed: connecting to it, once the queue is full, waits.
+func queueOfOne(t *testing.T) (ln net.Listener, accept chan struct{}) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "listener")
+	defer f.Close()
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	inner, err := net.FileListener(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept = make(chan struct{})
+	return gatedListener{inner, accept}, accept
+}
+
+type gatedListener struct {
+	net.Listener
+	open chan struct{}
+}
+
+func (l gatedListener) Accept() (net.Conn, error) {
+	<-l.open
+	return l.Listener.Accept()
 }
 
 func TestAPeerNeverServesAnotherVersion(t *testing.T) {
