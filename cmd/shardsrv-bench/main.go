@@ -434,7 +434,7 @@ func concurrentStreams(r *report, bin, store string) {
 	var rows []row
 	for _, digest := range []bool{true, false} {
 		srv := startServer(bin, store)
-		statuses := map[int]int{}
+		statuses := map[string]int{} // "200", or how a stream ended without its whole body
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		start := time.Now()
@@ -448,12 +448,9 @@ func concurrentStreams(r *report, bin, store string) {
 					k, v, _ := strings.Cut(declined, ": ")
 					hreq.Header.Set(k, v)
 				}
-				status := 0
-				if res, err := client.Do(hreq); err == nil { // no retries: a 503 counts
-					if n, err := drain(res.Body); err == nil && n == slab {
-						status = res.StatusCode
-					}
-					res.Body.Close()
+				status, why := streamOutcome(hreq, slab)
+				if why != "" {
+					log.Printf("%d concurrent streams: stream %d: %s: %s", clients, i, status, why)
 				}
 				mu.Lock()
 				statuses[status]++
@@ -479,6 +476,25 @@ func concurrentStreams(r *report, bin, store string) {
 		})
 	}
 	r.add("256 concurrent 64 MiB streams, local store, default settings (--memory-bytes 1.5 GiB)", rows...)
+}
+
+// streamOutcome posts one shard request, without retries (a 503 counts), and says how it ended:
+// its status when the answer came whole (a refusal's problem included), or "no answer" or "200
+// cut short", with why.
+func streamOutcome(req *http.Request, want int64) (status, why string) {
+	res, err := client.Do(req)
+	if err != nil {
+		return "no answer", err.Error()
+	}
+	defer res.Body.Close()
+	n, err := drain(res.Body)
+	switch {
+	case res.StatusCode != http.StatusOK:
+		return strconv.Itoa(res.StatusCode), ""
+	case n != want || err != nil:
+		return "200 cut short", fmt.Sprintf("%d of %d bytes: %v", n, want, err)
+	}
+	return "200", ""
 }
 
 func throughput(bytes int64, ds []time.Duration) string {
