@@ -227,7 +227,7 @@ func TestAWaitForAHungPeerEndsWhenItIsFoundDown(t *testing.T) {
 			done := make(chan error, 1)
 			p := make([]byte, chunk)
 			go func() { done <- rs[0].top.ReadAt(ctx, c.Key, v, p, c.Offset) }()
-			for deadline := time.Now().Add(5 * time.Second); !rs[0].cl.Waits(c); time.Sleep(time.Millisecond) {
+			for deadline := time.Now().Add(30 * time.Second); !rs[0].cl.Waits(c); time.Sleep(time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatal("the replica never waited for its peer")
 				}

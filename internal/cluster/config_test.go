@@ -81,7 +81,7 @@ func TestDiscoverFollowsTheName(t *testing.T) {
 	addrs = []string{"10.0.0.1", "fd00::3"}
 	mu.Unlock()
 	want := []string{"http://10.0.0.1:8080", "http://[fd00::3]:8080"}
-	for deadline := time.Now().Add(5 * time.Second); !slices.Equal(s.Peers(), want); {
+	for deadline := time.Now().Add(30 * time.Second); !slices.Equal(s.Peers(), want); {
 		if time.Now().After(deadline) {
 			t.Fatalf("peers %v after the name changed, want %v", s.Peers(), want)
 		}

@@ -175,7 +175,7 @@ func stalledClient(t *testing.T, e *opsEnv) net.Conn {
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -247,7 +247,7 @@ func TestSpansAndMetrics(t *testing.T) {
 		t.Fatalf("status %d", res.StatusCode)
 	}
 	// The request's span and metrics end after the last byte reaches the client: wait for them.
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if slices.ContainsFunc(
 			spans.Ended(),
 			func(s sdktrace.ReadOnlySpan) bool { return s.Name() == "POST /v1/shards" },

@@ -117,7 +117,7 @@ func startShardsrv(t *testing.T, dir string, args ...string) (string, int) {
 	case a := <-addr:
 		return "http://" + a, cmd.Process.Pid
 	case <-exited:
-	case <-time.After(15 * time.Second):
+	case <-time.After(time.Minute):
 	}
 	mu.Lock()
 	defer mu.Unlock()

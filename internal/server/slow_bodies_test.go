@@ -74,7 +74,7 @@ func TestSlowBodiesHoldNoSlotAndTimeOut(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, conn := range drips {
 		wg.Go(func() {
-			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 			res, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			if err != nil {
 				t.Errorf("dripping client %d: no response: %v", i, err)

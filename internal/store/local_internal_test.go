@@ -113,7 +113,7 @@ func TestFileSectionCloseConfirmsTheVersion(t *testing.T) {
 		}()
 		select {
 		case <-opened:
-		case <-time.After(5 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("a writer waited for a section that was written but not closed")
 		}
 		if change {

@@ -79,7 +79,7 @@ func TestLocalRefusesNonRegularFiles(t *testing.T) {
 			if !errors.Is(err, c.want) {
 				t.Errorf("ReadAt(%s, version %q): %v, want %v", c.key, c.ver, err, c.want)
 			}
-		case <-time.After(2 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatalf("ReadAt(%s) blocked", c.key)
 		}
 		if _, err := s.Stat(context.Background(), c.key); !errors.Is(err, store.ErrNotFound) {
