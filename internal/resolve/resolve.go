@@ -8,6 +8,9 @@ package resolve
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -141,6 +144,7 @@ type Resolved struct {
 	Planning time.Duration
 
 	catalog *checkpoint.Catalog
+	request *api.ShardRequest // as planned: a layout expanded into its table
 	release func(n int64)
 	held    int64
 }
@@ -153,6 +157,42 @@ func (x *Resolved) Release() { x.release(x.held) }
 // request resolves the files as they are now, and bytes found corrupt are refused to the next
 // plan that reads them at the same file version.
 func (x *Resolved) ReadFailed(err error) { x.catalog.ReadFailed(x.Plan.Checkpoint, err) }
+
+// BodyKey identifies the body the plan streams: equal keys, equal bodies. It hashes what the body
+// is a function of — the request as planned (its table, each tensor's boxes, blocks, conversions,
+// fills and completions, the format), the body's header and length, and every read the plan makes
+// (file, version, range, in order). The planner is pure (the same plan for the same request and
+// checkpoint), and what it takes of the checkpoint — the tensors' files, dtypes, shapes and
+// offsets — comes from the headers of the files it reads, at the versions those reads carry; the
+// bytes a read returns are its file's at that version, or the read fails. ok is false for a
+// request that cannot be encoded, which then has no key.
+func (x *Resolved) BodyKey() (key [sha256.Size]byte, ok bool) {
+	request, err := json.Marshal(x.request)
+	if err != nil {
+		return key, false
+	}
+	h := sha256.New()
+	var varint [binary.MaxVarintLen64]byte
+	number := func(n int64) { h.Write(binary.AppendVarint(varint[:0], n)) }
+	field := func(b []byte) { // length-prefixed, so no two sequences of fields hash alike
+		number(int64(len(b)))
+		h.Write(b)
+	}
+	field(request)
+	field([]byte(x.Plan.Format))
+	field(x.Plan.Header)
+	number(x.Plan.BodyBytes)
+	for i := range x.Plan.Items {
+		for _, rd := range x.Plan.Items[i].Reads() {
+			field([]byte(rd.Key))
+			field([]byte(rd.Version))
+			number(rd.Offset)
+			number(rd.Length)
+		}
+	}
+	h.Sum(key[:0])
+	return key, true
+}
 
 // Resolve opens req's checkpoint, expands its layout into a copy of it, and plans that. All a plan
 // may grow to is reserved while it is built (PlanBytes) and what it holds is kept until Release.
@@ -184,7 +224,8 @@ func (r *Resolver) Resolve(ctx context.Context, req *api.ShardRequest, purpose P
 	}
 	held := min(plan.MemoryBytes, opts.MaxPlanBytes)
 	giveBack(opts.MaxPlanBytes - held)
-	return &Resolved{Plan: plan, Planning: time.Since(start), catalog: r.cfg.Catalog, release: giveBack, held: held}, nil
+	return &Resolved{Plan: plan, Planning: time.Since(start), catalog: r.cfg.Catalog, request: req, release: giveBack,
+		held: held}, nil
 }
 
 // knownCorrupt fails a plan that would read bytes an earlier read of the same file version found

@@ -1,9 +1,12 @@
 package server
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"net/http"
 	"strings"
+
+	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/shardsrv/shardsrv/internal/sfv"
 )
@@ -15,6 +18,26 @@ import (
 // client that checks integrity otherwise declines it with "Want-Repr-Digest: sha-256=0".
 // SHA-256 is the faster of the two algorithms RFC 9530 registers without known weaknesses on
 // CPUs with the SHA extensions, which Go uses (sha-512 ran at a third of its speed here).
+
+// Many pods fetch the same shard of the same checkpoint version, and the same request over files
+// at the same versions streams the same body (resolve.Resolved.BodyKey). So a body streamed whole,
+// its file versions confirmed to its last byte, leaves its SHA-256 in a memo; a later request for
+// the same body gets it as a Repr-Digest header field (RFC 9530 allows a header or a trailer),
+// with Content-Length, no chunking and no hashing: the stream of a client that declines the
+// digest, file sections by sendfile to another host. Its reads carry the same versions, so a file
+// changed since aborts the stream as it would any other, before the body's last byte.
+
+// memoDigests is how many bodies' digests the memo keeps: two 32-byte hashes each, about 400 KB
+// with the LRU's bookkeeping.
+const memoDigests = 4096
+
+// digestMemo maps body keys to the SHA-256 of the body each streamed.
+type digestMemo = lru.Cache[[sha256.Size]byte, [sha256.Size]byte]
+
+func newDigestMemo() *digestMemo {
+	memo, _ := lru.New[[sha256.Size]byte, [sha256.Size]byte](memoDigests)
+	return memo
+}
 
 // sendsDigest reports whether a shard response trails a Repr-Digest: unless the client declines
 // it, over any HTTP that can carry trailers (HTTP/1.0 cannot).

@@ -20,6 +20,7 @@ type metrics struct {
 	amplification metric.Float64Histogram
 	streams       metric.Int64UpDownCounter
 	panics        metric.Int64Counter
+	digests       metric.Int64Counter
 }
 
 func newMetrics(mp metric.MeterProvider, s *Server) *metrics {
@@ -55,6 +56,11 @@ func newMetrics(mp metric.MeterProvider, s *Server) *metrics {
 		"shardsrv.panics",
 		metric.WithDescription("Handler panics answered with a 500, by route"),
 	)
+	out.digests, _ = m.Int64Counter(
+		"shardsrv.digest.lookups",
+		metric.WithDescription("Shard responses with the digest on, by whether the digest memo knew the body's "+
+			"digest (hit: sent as a header, the body not hashed) or not (miss: hashed and trailed)"),
+	)
 	inFlight, _ := m.Int64ObservableGauge(
 		"shardsrv.buffers.in_flight",
 		metric.WithUnit("By"),
@@ -87,4 +93,12 @@ func (m *metrics) planned(ctx context.Context, p *planner.Plan, took time.Durati
 
 func (m *metrics) streamed(ctx context.Context, p *planner.Plan, took time.Duration) {
 	m.streamLatency.Record(ctx, took.Seconds(), metric.WithAttributes(attribute.String("format", string(p.Format))))
+}
+
+func (m *metrics) digestLookup(ctx context.Context, hit bool) {
+	result := "miss"
+	if hit {
+		result = "hit"
+	}
+	m.digests.Add(ctx, 1, metric.WithAttributes(attribute.String("result", result)))
 }

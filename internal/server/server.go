@@ -163,6 +163,7 @@ type Server struct {
 	resolver *resolve.Resolver
 	streams  chan struct{}
 	draining atomic.Bool
+	digests  *digestMemo
 }
 
 var _ gen.ServerInterface = (*Server)(nil)
@@ -200,6 +201,7 @@ func New(cfg Config) *Server {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		streams: make(chan struct{}, l.MaxStreams),
+		digests: newDigestMemo(),
 	}
 	s.resolver = resolve.New(resolve.Config{Catalog: cfg.Catalog, Memory: cfg.Budget, Planner: cfg.Planner,
 		MaxConfigBytes: l.MaxConfigBytes, Tracer: cfg.Tracer.Tracer("shardsrv/resolve")})
@@ -400,10 +402,11 @@ func (s *Server) admitAndPlan(w http.ResponseWriter, r *http.Request, purpose re
 // and its first byte is written; after that a failure aborts the connection so the client sees a
 // short body.
 //
-// The body trails a Repr-Digest unless the client declines it (digest.go). Over HTTP/1.1 a
-// trailer needs the chunked coding, which excludes Content-Length, so the length is then in
-// Shard-Length alone; without the digest (or over HTTP/2) Content-Length carries it too, and
-// segments read straight from local files go to the socket by sendfile.
+// The body carries a Repr-Digest unless the client declines it (digest.go): as a header field when
+// the memo has the body's digest, else as a trailer of the body hashed as it streams. Over HTTP/1.1
+// a trailer needs the chunked coding, which excludes Content-Length, so the length is then in
+// Shard-Length alone; otherwise (the digest declined or known, or HTTP/2) Content-Length carries it
+// too, and segments read straight from local files go to the socket by sendfile.
 func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.RequestTimeout)
 	defer cancel()
@@ -418,8 +421,19 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	s.metrics.streams.Add(ctx, 1)
 	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
 	digest := sendsDigest(r)
-	to := executor.Output{Sendfile: true}
+	var key [sha256.Size]byte
+	var known []byte // the body's digest, from the memo
 	if digest {
+		if key, digest = res.BodyKey(); digest {
+			if sum, hit := s.digests.Get(key); hit {
+				known = sum[:]
+			}
+			s.metrics.digestLookup(ctx, known != nil)
+		}
+	}
+	trailer := digest && known == nil
+	to := executor.Output{Sendfile: true}
+	if trailer {
 		to.Hash = sha256.New()
 	}
 	stream, err := s.cfg.Executor.Stream(ctx, plan, to)
@@ -443,10 +457,13 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 		}
 		length := strconv.FormatInt(plan.BodyBytes, 10)
 		h.Set("Shard-Length", length)
-		if digest {
+		switch {
+		case known != nil:
+			h.Set("Repr-Digest", reprDigest(known))
+		case trailer:
 			h.Set("Trailer", "Repr-Digest")
 		}
-		if !digest || r.ProtoMajor >= 2 {
+		if !trailer || r.ProtoMajor >= 2 {
 			h.Set("Content-Length", length)
 		}
 		w.WriteHeader(http.StatusOK)
@@ -463,12 +480,16 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 				"err", err, "checkpoint", plan.Checkpoint, "request_id", middleware.GetReqID(r.Context()))
 		}
 		// The connection is cut before the body's last byte (or, chunked, before its end): the
-		// client sees a failed transfer, and a digest of it is never sent.
+		// client sees a failed transfer, and a digest of it is never sent nor kept.
 		panic(http.ErrAbortHandler)
 	}
 	sock.begin() // an empty body wrote nothing
-	if digest {
-		w.Header().Set("Repr-Digest", reprDigest(stream.Sum()))
+	if trailer {
+		// WriteTo returned only once the body's last byte was written, every file's version
+		// confirmed: this is the digest of the body the key names.
+		sum := [sha256.Size]byte(stream.Sum())
+		s.digests.Add(key, sum)
+		w.Header().Set("Repr-Digest", reprDigest(sum[:]))
 	}
 	s.metrics.streamed(ctx, plan, time.Since(start))
 }
