@@ -36,8 +36,18 @@ func reprDigest(body []byte) string {
 	return "sha-256=:" + base64.StdEncoding.EncodeToString(sum[:]) + ":"
 }
 
-// checkDigest checks a whole 200 shard response: the digest it announced trails it and matches the
-// body; a response without one has an exact Content-Length.
+// sentDigest is the Repr-Digest a shard response carries, and whether it trailed the body (else it
+// came as a header field, or not at all: "").
+func sentDigest(res *http.Response) (field string, trailed bool) {
+	if _, announced := res.Trailer["Repr-Digest"]; announced { // the client moves Trailer there
+		return res.Trailer.Get("Repr-Digest"), true
+	}
+	return res.Header.Get("Repr-Digest"), false
+}
+
+// checkDigest checks a whole 200 shard response: the digest it carries, trailing the body or in a
+// header, matches the body; a response without a trailer has an exact Content-Length, and none
+// carries both.
 func checkDigest(t *testing.T, res *http.Response, body []byte) {
 	t.Helper()
 	if res.Request.URL.Path != "/v1/shards" || res.StatusCode != 200 {
@@ -46,14 +56,15 @@ func checkDigest(t *testing.T, res *http.Response, body []byte) {
 	if n := shardLength(t, res); n != int64(len(body)) {
 		t.Errorf("Shard-Length %d, body %d bytes", n, len(body))
 	}
-	if _, announced := res.Trailer["Repr-Digest"]; !announced { // the client moves Trailer there
-		if res.ContentLength != int64(len(body)) {
-			t.Errorf("no digest and Content-Length %d for a body of %d bytes", res.ContentLength, len(body))
-		}
-		return
+	field, trailed := sentDigest(res)
+	if trailed && res.Header.Get("Repr-Digest") != "" {
+		t.Errorf("a Repr-Digest header and trailer both: %q, %q", res.Header.Get("Repr-Digest"), field)
 	}
-	if got, want := res.Trailer.Get("Repr-Digest"), reprDigest(body); got != want {
-		t.Errorf("Repr-Digest %q, the body's is %q", got, want)
+	if !trailed && res.ContentLength != int64(len(body)) {
+		t.Errorf("no trailer and Content-Length %d for a body of %d bytes", res.ContentLength, len(body))
+	}
+	if want := reprDigest(body); field != "" && field != want {
+		t.Errorf("Repr-Digest %q (trailed %v), the body's is %q", field, trailed, want)
 	}
 }
 
@@ -85,8 +96,9 @@ func postShards(t *testing.T, url string, req api.ShardRequest, header ...string
 }
 
 // Every kind of 200 shard response trails the SHA-256 of its body — direct runs (sent from the
-// file or the cache), gathered and converted ones, the safetensors format — on every store, and
-// one the client declines has an exact Content-Length and no trailer.
+// file or the cache), gathered and converted ones, the safetensors format — on every store, the
+// first time its body is streamed; a later request for the same body gets it as a header with an
+// exact Content-Length; one the client declines has an exact Content-Length and no digest.
 func TestReprDigestTrailsEveryShard(t *testing.T) {
 	eachStore(t, planner.DefaultOptions(), func(t *testing.T, h *harness) {
 		data := make([]byte, 64*1024*2)
@@ -105,9 +117,12 @@ func TestReprDigestTrailsEveryShard(t *testing.T) {
 			"gathered":    shardReq("m", widened),
 			"safetensors": {Checkpoint: "m", Tensors: []api.TensorRequest{direct}, Format: &safetensorsFormat},
 		} {
-			for _, declined := range []bool{false, true} {
+			var first []byte
+			for _, c := range []struct {
+				declined, trailed bool
+			}{{declined: true}, {trailed: true}, {trailed: false}, {declined: true}} {
 				var header []string
-				if declined {
+				if c.declined {
 					header = []string{"Want-Repr-Digest", "sha-256=0"}
 				}
 				res, body := postShards(t, h.url, req, header...)
@@ -117,9 +132,15 @@ func TestReprDigestTrailsEveryShard(t *testing.T) {
 				if name == "direct" && !bytes.Equal(body, data) {
 					t.Errorf("%s: the body is not the tensor's bytes", name)
 				}
+				if first == nil {
+					first = body
+				} else if !bytes.Equal(body, first) {
+					t.Errorf("%s: the same request streamed another body", name)
+				}
 				checkDigest(t, res, body)
-				if trailed := res.Trailer.Get("Repr-Digest") != ""; trailed == declined {
-					t.Errorf("%s, declined %v: trailers %v", name, declined, res.Trailer)
+				if field, trailed := sentDigest(res); (field == "") != c.declined || trailed != c.trailed {
+					t.Errorf("%s, declined %v: Repr-Digest %q, trailed %v; want trailed %v", name, c.declined, field,
+						trailed, c.trailed)
 				}
 			}
 		}
@@ -167,8 +188,8 @@ func TestReprDigestOfLargeBodiesUnderConcurrency(t *testing.T) {
 				if i%2 == 0 && !bytes.Equal(body, data) {
 					t.Error("the direct body is not the tensor's bytes")
 				}
-				if res.Trailer.Get("Repr-Digest") == "" {
-					t.Errorf("no Repr-Digest trailer: %v", res.Trailer)
+				if field, _ := sentDigest(res); field == "" { // a trailer, or a header once the body is memoised
+					t.Errorf("no Repr-Digest: header %v, trailers %v", res.Header, res.Trailer)
 				}
 				checkDigest(t, res, body)
 			})
@@ -209,9 +230,9 @@ func TestWantReprDigestDeclinesOnlySha256AtZero(t *testing.T) {
 		}
 		res, body := postShards(t, ts.URL, req, header...)
 		checkDigest(t, res, body)
-		if _, trailed := res.Trailer["Repr-Digest"]; res.StatusCode != 200 || trailed == c.declined {
-			t.Errorf("Want-Repr-Digest %q: %d, trailers %v; declined should be %v", c.lines, res.StatusCode,
-				res.Trailer, c.declined)
+		if field, _ := sentDigest(res); res.StatusCode != 200 || (field != "") == c.declined {
+			t.Errorf("Want-Repr-Digest %q: %d, Repr-Digest %q; declined should be %v", c.lines, res.StatusCode,
+				field, c.declined)
 		}
 	}
 }

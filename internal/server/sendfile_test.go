@@ -145,24 +145,33 @@ var smallWindowClient = &http.Client{Transport: &http.Transport{
 }}
 
 // A file that changes while it is being sent — its status changed in place, or replaced by
-// another — aborts the response: the client sees a short body and no digest, sendfile or not.
+// another — aborts the response: the client sees a short body and no digest trailer, sendfile or
+// not; a body whose digest was memoised, sent as a header before the change, is cut short too.
 func TestFileChangedDuringTheStreamAbortsIt(t *testing.T) {
 	for _, change := range []string{"chmod", "replace"} {
-		for _, digest := range []bool{false, true} {
+		for _, digest := range []string{"declined", "trailer", "header"} {
 			dir := t.TempDir()
 			data := pattern(32<<20, 4)
 			req, path := u8File(t, dir, data)
 			handler, _ := fileServer(t, dir, 256<<10, 1<<30, 8<<20)
 			ts := httptest.NewServer(handler)
+			if digest == "header" { // a whole stream memoises the body's digest
+				if res, body := postShards(t, ts.URL, req); res.StatusCode != 200 || !bytes.Equal(body, data) {
+					t.Fatalf("the first read: %d, %d bytes", res.StatusCode, len(body))
+				}
+			}
 			raw, _ := json.Marshal(req)
 			hreq, _ := http.NewRequest("POST", ts.URL+"/v1/shards", bytes.NewReader(raw))
 			hreq.Header.Set("Content-Type", "application/json")
-			if !digest {
+			if digest == "declined" {
 				hreq.Header.Set(declined[0], declined[1])
 			}
 			res, err := smallWindowClient.Do(hreq)
 			if err != nil || res.StatusCode != 200 {
 				t.Fatalf("%v %v", res, err)
+			}
+			if got, want := res.Header.Get("Repr-Digest"), reprDigest(data); (digest == "header") != (got == want) {
+				t.Fatalf("digest %s: the Repr-Digest header is %q", digest, got)
 			}
 			head := make([]byte, 1<<20)
 			if _, err := io.ReadFull(res.Body, head); err != nil {
@@ -180,7 +189,7 @@ func TestFileChangedDuringTheStreamAbortsIt(t *testing.T) {
 			ts.Close()
 			got := int64(len(head) + len(rest))
 			if err == nil || got >= shardLength(t, res) || res.Trailer.Get("Repr-Digest") != "" {
-				t.Errorf("%s, digest %v: %d of %d bytes, err %v, trailers %v; want an aborted stream",
+				t.Errorf("%s, digest %s: %d of %d bytes, err %v, trailers %v; want an aborted stream",
 					change, digest, got, shardLength(t, res), err, res.Trailer)
 			}
 		}

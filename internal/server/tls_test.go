@@ -80,10 +80,11 @@ func (tr transport) start(t *testing.T, handler http.Handler) (string, *http.Cli
 // Every body path over TLS, HTTP/1.1 and HTTP/2, beside plain HTTP/1.1 for contrast: which path
 // each request takes and that its bytes are exact. A client that declines the digest is sent file
 // sections by sendfile only over plain HTTP/1.1 — under TLS they are copied through the stream's
-// buffer — with an exact Content-Length; with the digest on, the sections are copied and hashed,
-// and the body trails a Repr-Digest that matches it (chunked over HTTP/1.1, beside Content-Length
-// over HTTP/2); a read that fails after the headers cuts the body short, with no digest, on every
-// transport and either way.
+// buffer — with an exact Content-Length; with the digest on, the first time, the sections are
+// copied and hashed, and the body trails a Repr-Digest that matches it (chunked over HTTP/1.1,
+// beside Content-Length over HTTP/2); later, its digest memoised, it comes as a header and the body
+// as a declined one does; a read that fails after the headers cuts the body short, with no digest,
+// on every transport and either way.
 func TestTLSBodyPaths(t *testing.T) {
 	dir := t.TempDir()
 	data := pattern(4<<20, 11)
@@ -103,6 +104,7 @@ func TestTLSBodyPaths(t *testing.T) {
 		Executor: executor.New(failing, mem, executor.Config{Window: 2}),
 		Limits:   server.Limits{MaxBodyBytes: 1 << 20}}).Handler()
 
+	memoised := false // whether the files server has streamed the body with its digest
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
 			url, client, l := tr.start(t, files)
@@ -141,18 +143,31 @@ func TestTLSBodyPaths(t *testing.T) {
 				t.Errorf("declined over TLS: %d file sections reached the socket's ReadFrom; TLS must copy them", sent)
 			}
 
-			before = l.files.Load()
-			res, body, err = send(client, url, true)
-			length := res.ContentLength
-			switch {
-			case err != nil || !bytes.Equal(body[len(body)-len(data):], data):
-				t.Errorf("digest: %v, %d bytes, exact: %v", err, len(body), bytes.Equal(body[len(body)-len(data):], data))
-			case res.Trailer.Get("Repr-Digest") != reprDigest(body):
-				t.Errorf("digest: Repr-Digest %q, the body's is %q", res.Trailer.Get("Repr-Digest"), reprDigest(body))
-			case tr.proto == 1 && length != -1, tr.proto == 2 && length != int64(len(body)):
-				t.Errorf("digest over HTTP/%d: Content-Length %d for %d bytes", tr.proto, length, len(body))
-			case l.files.Load() != before:
-				t.Errorf("digest: a file section went by sendfile; the bytes must be hashed on their way")
+			for range 2 { // the first streams the body, later ones (on every transport) find its digest
+				before = l.files.Load()
+				res, body, err = send(client, url, true)
+				sent = l.files.Load() - before
+				length := res.ContentLength
+				field, trailed := sentDigest(res)
+				switch {
+				case err != nil || !bytes.Equal(body[len(body)-len(data):], data):
+					t.Errorf("digest: %v, %d bytes, exact: %v", err, len(body), bytes.Equal(body[len(body)-len(data):], data))
+				case field != reprDigest(body):
+					t.Errorf("digest: Repr-Digest %q, the body's is %q", field, reprDigest(body))
+				case trailed == memoised:
+					t.Errorf("digest, memoised %v: trailed %v", memoised, trailed)
+				case trailed && (tr.proto == 1 && length != -1 || tr.proto == 2 && length != int64(len(body))):
+					t.Errorf("digest trailed over HTTP/%d: Content-Length %d for %d bytes", tr.proto, length, len(body))
+				case !trailed && length != int64(len(body)):
+					t.Errorf("digest in a header: Content-Length %d for %d bytes", length, len(body))
+				case trailed && sent != 0:
+					t.Errorf("digest trailed: a file section went by sendfile; the bytes must be hashed on their way")
+				case !trailed && !tr.tls && sent != 3:
+					t.Errorf("digest in a header over plain HTTP/1.1: %d file sections went by sendfile, want 3", sent)
+				case !trailed && tr.tls && sent != 0:
+					t.Errorf("digest in a header over TLS: %d file sections reached the socket's ReadFrom", sent)
+				}
+				memoised = true
 			}
 
 			for _, digest := range []bool{false, true} {
