@@ -20,6 +20,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shardsrv/shardsrv/internal/sfv"
 )
 
 // Client talks to a shardsrv server. It is safe for concurrent use.
@@ -130,10 +132,11 @@ func (e *ShortBodyError) Error() string {
 
 func (e *ShortBodyError) Unwrap() error { return e.Err }
 
-// DigestError is a body whose SHA-256 is not the Repr-Digest the server sent after it: bytes
+// DigestError is a body whose SHA-256 is not the Repr-Digest the server sent with it: bytes
 // changed between the server and here.
 type DigestError struct {
-	Got, Want string // RFC 9530 values, sha-256=:BASE64:
+	Got  string // the body's, sha-256=:BASE64: (RFC 9530)
+	Want string // the Repr-Digest field the server sent; a header's and a trailer's, both sent, joined by "; "
 }
 
 func (e *DigestError) Error() string {
@@ -466,14 +469,47 @@ func (c *Client) stream(
 	if total >= 0 && *n != total {
 		return &transient{err: &ShortBodyError{Got: *n, Want: total, Err: io.ErrUnexpectedEOF}}
 	}
-	if want := res.Trailer.Get("Repr-Digest"); want != "" {
-		got := "sha-256=:" + base64.StdEncoding.EncodeToString(hash.Sum(nil)) + ":"
-		if !strings.Contains(want, got) { // a list may name other algorithms beside it
-			return &transient{err: &DigestError{Got: got, Want: want}}
-		}
-		if digest != nil {
-			*digest = got
-		}
+	matched, err := checkDigest(res.Header.Values("Repr-Digest"), res.Trailer.Values("Repr-Digest"), hash.Sum(nil))
+	if err != nil {
+		return &transient{err: err}
+	}
+	if digest != nil {
+		*digest = matched
 	}
 	return nil
+}
+
+// checkDigest checks a body whose SHA-256 is sum against the Repr-Digest field lines (RFC 9530)
+// the server sent with it: in the header section when it knew the digest before the body, in the
+// trailer otherwise. It returns the digest matched, "" when neither names sha-256 (the client
+// declined it, or the server sends none). A *DigestError is a digest other than sum, a header and
+// a trailer that name different ones, or a field that does not parse (RFC 8941), which cannot be
+// checked against.
+func checkDigest(header, trailer []string, sum []byte) (string, error) {
+	got := "sha-256=:" + base64.StdEncoding.EncodeToString(sum) + ":"
+	var named [][]byte
+	var sent []string
+	for _, lines := range [][]string{header, trailer} {
+		if len(lines) == 0 {
+			continue
+		}
+		field := strings.Join(lines, ", ")
+		sent = append(sent, field)
+		dict, ok := sfv.ParseDictionary(field)
+		if !ok {
+			return "", &DigestError{Got: got, Want: strings.Join(sent, "; ")}
+		}
+		if d, found := dict["sha-256"]; found { // a dictionary may name other algorithms beside it
+			named = append(named, d.Bytes)
+		}
+	}
+	if len(named) == 0 {
+		return "", nil
+	}
+	for _, want := range named {
+		if !bytes.Equal(want, sum) {
+			return "", &DigestError{Got: got, Want: strings.Join(sent, "; ")}
+		}
+	}
+	return got, nil
 }

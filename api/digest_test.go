@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,7 @@ type flipProxy struct {
 type shardExchange struct {
 	wantDigest    string // the request's Want-Repr-Digest
 	trailer       string // the response's Trailer header
+	header        string // the response's Repr-Digest header field
 	contentLength int64
 }
 
@@ -57,6 +59,7 @@ func newFlipProxy(t *testing.T, server string) *flipProxy {
 			p.exchange = append(p.exchange, shardExchange{
 				wantDigest:    res.Request.Header.Get("Want-Repr-Digest"),
 				trailer:       strings.Join(keys(res.Trailer), ", "),
+				header:        res.Header.Get("Repr-Digest"),
 				contentLength: res.ContentLength,
 			})
 			p.mu.Unlock()
@@ -140,7 +143,8 @@ func TestFetchVerifiesTheReprDigest(t *testing.T) {
 		t.Fatalf("digest %q, the body's is %q", got.Digest, sha256Field(want))
 	}
 
-	// Through a proxy that changes nothing, the trailer still comes: the same digest.
+	// Through a proxy that changes nothing, the server, which streamed the body whole once, sends
+	// its digest as a header with Content-Length: the same digest.
 	p := newFlipProxy(t, f.c.BaseURL)
 	var logs retries
 	c := through(f, p, &logs)
@@ -149,9 +153,23 @@ func TestFetchVerifiesTheReprDigest(t *testing.T) {
 	if err != nil || got.Digest != sha256Field(want) || !bytes.Equal(buf.Bytes(), want) {
 		t.Fatalf("through the proxy: %+v, %v", got, err)
 	}
-	if ex := p.seen(); len(ex) != 1 || ex[0].trailer != "Repr-Digest" || ex[0].wantDigest != "" ||
-		ex[0].contentLength != -1 {
+	if ex := p.seen(); len(ex) != 1 || ex[0].trailer != "" || ex[0].header != sha256Field(want) ||
+		ex[0].wantDigest != "" || ex[0].contentLength != int64(len(want)) {
 		t.Fatalf("the server's response: %+v", ex)
+	}
+
+	// A body the server has not streamed before trails its digest, chunked.
+	other := f.req
+	other.Tensors = slices.Clone(f.req.Tensors)
+	other.Tensors[0].Boxes = []api.Box{{Offsets: []int64{0, 0}, Lengths: []int64{1, other.Tensors[0].Shape[1]}}}
+	buf.Reset()
+	got, err = c.FetchVerified(ctx, &other, &buf, reset, nil)
+	if err != nil || got.Digest != sha256Field(buf.Bytes()) || got.Bytes == int64(len(want)) {
+		t.Fatalf("another box: %+v, %v", got, err)
+	}
+	if ex := p.seen(); len(ex) != 2 || ex[1].trailer != "Repr-Digest" || ex[1].header != "" ||
+		ex[1].contentLength != -1 {
+		t.Fatalf("the server's response to another box: %+v", ex)
 	}
 }
 
@@ -181,6 +199,11 @@ func TestAFlippedByteIsADigestErrorAfterTheAttempts(t *testing.T) {
 	}
 	if n := p.shards.Load(); n != 3 || resets != 2 {
 		t.Errorf("%d attempts, %d resets; want 3 and 2", n, resets)
+	}
+	for _, ex := range p.seen() { // the body was streamed whole once: its digest comes as a header
+		if ex.header != sha256Field(want) || ex.trailer != "" {
+			t.Errorf("a flipped body's digest as a header: %+v", ex)
+		}
 	}
 	recs := logs.records(t)
 	if len(recs) != 2 || !strings.Contains(recs[0]["error"].(string), "damaged in transit") {

@@ -55,7 +55,7 @@ func declinesDigest(lines []string) bool {
 	}
 	dict, ok := sfv.ParseDictionary(strings.Join(lines, ","))
 	w, found := dict["sha-256"]
-	return ok && found && w == 0
+	return ok && found && w.Int == 0
 }
 
 // reprDigest is the Repr-Digest field value of a body whose SHA-256 is sum.

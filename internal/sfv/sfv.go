@@ -1,25 +1,33 @@
-// Package sfv parses RFC 8941 structured field values, as far as the service reads them: a
-// dictionary's members and their integer values (Want-Repr-Digest's preferences, RFC 9530 §4).
+// Package sfv parses RFC 8941 structured field values, as far as the service and its client read
+// them: a dictionary's members and their integer or byte-sequence values (Want-Repr-Digest's
+// preferences and Repr-Digest's digests, RFC 9530).
 package sfv
 
 import (
+	"encoding/base64"
 	"strconv"
 	"strings"
 )
 
-// ParseDictionary parses an RFC 8941 dictionary, keeping each member's integer value (-1 for a
-// value of another type); parameters are checked and dropped. ok is false when s
-// is not a dictionary, which RFC 8941 says to ignore whole.
-func ParseDictionary(s string) (map[string]int64, bool) {
+// Item is a member's value, as far as it is kept.
+type Item struct {
+	Int   int64  // an integer's value, -1 for a value of another type
+	Bytes []byte // a byte sequence's bytes, nil for a value of another type
+}
+
+// ParseDictionary parses an RFC 8941 dictionary, keeping each member's integer or byte-sequence
+// value; parameters are checked and dropped. ok is false when s is not a dictionary, which RFC
+// 8941 says to ignore whole.
+func ParseDictionary(s string) (map[string]Item, bool) {
 	p := sfParser{s: s}
-	dict := map[string]int64{}
+	dict := map[string]Item{}
 	p.skip(" ")
 	for p.i < len(p.s) {
 		key, ok := p.key()
 		if !ok {
 			return nil, false
 		}
-		value := int64(-1) // a bare key is the boolean true
+		value := Item{Int: -1} // a bare key is the boolean true
 		if p.eat('=') {
 			if value, ok = p.bareItem(); !ok {
 				return nil, false
@@ -92,56 +100,61 @@ func (p *sfParser) key() (string, bool) {
 	return p.span(func(c byte) bool { return isLower(c) || isDigit(c) || strings.IndexByte("_-.*", c) >= 0 }), true
 }
 
-// bareItem parses any bare item and returns an integer's value, -1 for the other types.
-func (p *sfParser) bareItem() (int64, bool) {
+// bareItem parses any bare item and returns an integer's value or a byte sequence's bytes.
+func (p *sfParser) bareItem() (Item, bool) {
+	none := Item{Int: -1}
 	if p.i == len(p.s) {
-		return 0, false
+		return none, false
 	}
 	switch c := p.s[p.i]; {
 	case c == '-' || isDigit(c):
 		neg := p.eat('-')
 		digits := p.span(isDigit)
 		if digits == "" || len(digits) > 15 {
-			return 0, false
+			return none, false
 		}
 		if p.eat('.') { // a decimal: at most 12 integer and 3 fractional digits
 			frac := p.span(isDigit)
-			return -1, len(digits) <= 12 && frac != "" && len(frac) <= 3
+			return none, len(digits) <= 12 && frac != "" && len(frac) <= 3
 		}
 		v, _ := strconv.ParseInt(digits, 10, 64)
 		if neg {
 			v = -v
 		}
-		return v, true
+		return Item{Int: v}, true
 	case c == '"':
 		for p.i++; p.i < len(p.s); p.i++ {
 			switch p.s[p.i] {
 			case '\\':
 				if p.i++; p.i == len(p.s) || p.s[p.i] != '"' && p.s[p.i] != '\\' {
-					return 0, false
+					return none, false
 				}
 			case '"':
 				p.i++
-				return -1, true
+				return none, true
 			default:
 				if p.s[p.i] < 0x20 || p.s[p.i] > 0x7e {
-					return 0, false
+					return none, false
 				}
 			}
 		}
-		return 0, false
+		return none, false
 	case c == ':':
 		p.i++
-		p.span(func(c byte) bool { return isAlpha(c) || isDigit(c) || strings.IndexByte("+/=", c) >= 0 })
-		return -1, p.eat(':')
+		b64 := p.span(func(c byte) bool { return isAlpha(c) || isDigit(c) || strings.IndexByte("+/=", c) >= 0 })
+		b, err := base64.StdEncoding.DecodeString(b64)
+		if err != nil || !p.eat(':') {
+			return none, false
+		}
+		return Item{Int: -1, Bytes: b}, true
 	case c == '?':
 		p.i++
-		return -1, p.eat('0') || p.eat('1')
+		return none, p.eat('0') || p.eat('1')
 	case isAlpha(c) || c == '*':
 		p.span(func(c byte) bool {
 			return isAlpha(c) || isDigit(c) || strings.IndexByte("!#$%&'*+-.^_`|~:/", c) >= 0
 		})
-		return -1, true
+		return none, true
 	}
-	return 0, false
+	return none, false
 }

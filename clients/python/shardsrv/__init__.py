@@ -16,9 +16,10 @@ Standard library only. numpy and torch (1.13 or newer) are used when installed, 
 The server lays out whole models from the checkpoint's config.json, so the layouts live in one
 place; a table of your own goes in ``tensors`` (see README.md for blocks and boxes).
 
-Every shard the server sends carries its SHA-256 in an RFC 9530 ``Repr-Digest`` trailer; each fetch
+Every shard the server sends carries its SHA-256 in an RFC 9530 ``Repr-Digest`` field — a trailer
+the first time the server streams a body, a header once it knows the body's digest; each fetch
 hashes the body as it reads it and checks it, retrying a mismatch like a broken body and raising
-``DigestError`` when the attempts run out. ``Client(..., digest=False)`` declines the trailer.
+``DigestError`` when the attempts run out. ``Client(..., digest=False)`` declines the digest.
 """
 
 import base64
@@ -82,9 +83,10 @@ class ShortBodyError(Exception):
 
 
 class DigestError(Exception):
-    """A body whose SHA-256 is not the Repr-Digest trailer the server sent after it: bytes changed
-    between the server and here. got and want are RFC 9530 values ("sha-256=:BASE64:"; want is the
-    trailer as sent). Retried like a short body, raised when the attempts run out."""
+    """A body whose SHA-256 is not the Repr-Digest the server sent with it: bytes changed between
+    the server and here. got and want are RFC 9530 values ("sha-256=:BASE64:"; want is the field as
+    sent, a header's and a trailer's joined by "; " when both came). Retried like a short body,
+    raised when the attempts run out."""
 
     def __init__(self, got, want):
         self.got, self.want = got, want
@@ -203,30 +205,36 @@ def _sha256_of(field):
     return None
 
 
+def _check_digest(header, trailer, got):
+    """Checks a body whose SHA-256 is got against the Repr-Digest field lines the server sent with
+    it: in the header section when it knew the digest before the body, in the trailer otherwise.
+    Returns the digest matched ("sha-256=:BASE64:"), or None when neither names sha-256. Raises
+    DigestError for a digest other than got, or a header and a trailer that name different ones
+    (api/testdata/repr_digest.json has the cases the Go client checks too)."""
+    sent = [", ".join(lines) for lines in (header, trailer) if lines]
+    named = [d for d in map(_sha256_of, sent) if d is not None]
+    if not named:
+        return None
+    value = "sha-256=:" + base64.b64encode(got).decode() + ":"
+    if any(d != got for d in named):
+        raise DigestError(value, "; ".join(sent))
+    return value
+
+
 def _verify(res, hashed):
-    """Checks the body, read to its end and hashed into hashed, against its Repr-Digest trailer.
-    Returns the digest it matched ("sha-256=:BASE64:"), or None when there was none to check:
-    the client declined it, the server sent none, or none names sha-256."""
+    """Checks the body, read to its end and hashed into hashed, against its Repr-Digest header or
+    trailer. Returns the digest it matched ("sha-256=:BASE64:"), or None when there was none to
+    check: the client declined it, the server sent none, or none names sha-256."""
     global _warned_no_trailers
     trailers = getattr(res, "trailers", None)
-    if trailers is None:
+    if trailers is None and getattr(res, "chunked", False) and not _warned_no_trailers:
         # A chunked body read to its end went through the hook, unless this Python no longer calls it.
-        if getattr(res, "chunked", False) and not _warned_no_trailers:
-            _warned_no_trailers = True
-            log.warning("this Python's http.client did not hand over the Repr-Digest trailer: "
-                        "bodies are checked for their length only")
-        return None
-    fields = trailers.get_all("Repr-Digest")
-    if not fields:
-        return None
-    want = _sha256_of(",".join(fields))
-    if want is None:
-        return None
-    got = hashed.digest()
-    value = "sha-256=:" + base64.b64encode(got).decode() + ":"
-    if got != want:
-        raise DigestError(value, ", ".join(fields))
-    return value
+        _warned_no_trailers = True
+        log.warning("this Python's http.client did not hand over the Repr-Digest trailer: "
+                    "bodies are checked for their length only")
+    header = res.headers.get_all("Repr-Digest") or []
+    trailer = (trailers.get_all("Repr-Digest") if trailers is not None else None) or []
+    return _check_digest(header, trailer, hashed.digest())
 
 
 def _finish(res, done, total):
@@ -301,8 +309,8 @@ class Client:
     retry on the "shardsrv" logger, and never what cannot succeed (a malformed URL, a request the
     server refuses).
 
-    Every shard is checked against the Repr-Digest trailer the server sends after it (SHA-256,
-    hashed while reading). digest=False declines it (Want-Repr-Digest: sha-256=0) for a client that
+    Every shard is checked against the Repr-Digest the server sends with it, as a trailer or a
+    header (SHA-256, hashed while reading). digest=False declines it (Want-Repr-Digest: sha-256=0) for a client that
     measures hashing as too costly: the server may then send local files without copying them, and
     bodies are checked for their length only. Requests go through the client's own urllib opener
     (the standard handlers, proxies from the environment), not one installed with install_opener."""

@@ -397,20 +397,39 @@ class LiveServer(ExampleServer):
             with open(path, "rb") as f:
                 yield "fetch_verified path", f.read(), digest
 
-    def test_the_server_trails_a_digest(self):
-        """What the rest assumes: a shard comes chunked, its length in Shard-Length, its digest after it."""
-        conn = http.client.HTTPConnection("127.0.0.1", urllib.parse.urlsplit(self.url).port, timeout=60)
-        conn.response_class = shardsrv._TrailerResponse
-        conn.request("POST", "/v1/shards", json.dumps({"checkpoint": CKPT, "layout": vllm(2, 1)}))
-        res = conn.getresponse()
-        body = res.read()
-        conn.close()
-        self.assertEqual(res.status, 200)
-        self.assertTrue(res.chunked)
-        self.assertIsNone(res.headers.get("Content-Length"))
-        self.assertEqual(res.headers.get("Trailer"), "Repr-Digest")
-        self.assertEqual(int(res.headers["Shard-Length"]), len(body))
-        self.assertEqual(res.trailers.get_all("Repr-Digest"), [sha256_field(body)])
+    def test_a_first_read_trails_the_digest_and_later_ones_send_it_as_a_header(self):
+        """What the rest assumes: a body the server streams the first time comes chunked, its length in
+        Shard-Length, its digest after it; once the server knows its digest, the digest comes first,
+        as a header, and the body with a Content-Length."""
+        n = self.data["model.embed_tokens.weight"][0][1]
+        # A row of the embedding no other test asks for: the server has not streamed this body yet.
+        request = {"checkpoint": CKPT, "tensors": [{
+            "name": "row", "dtype": "BF16", "shape": [1, n], "boxes": [{"offsets": [0, 0], "lengths": [1, n]}],
+            "blocks": [{"source": "model.embed_tokens.weight", "offsets": [0, 0], "lengths": [1, n],
+                        "base": [7, 0], "coeff": [[1, 0], [0, 1]]}]}]}
+        responses = []
+        for _ in range(2):
+            conn = http.client.HTTPConnection("127.0.0.1", urllib.parse.urlsplit(self.url).port, timeout=60)
+            conn.response_class = shardsrv._TrailerResponse
+            conn.request("POST", "/v1/shards", json.dumps(request))
+            res = conn.getresponse()
+            responses.append((res, res.read()))
+            conn.close()
+        (first, body), (again, body_again) = responses
+        self.assertEqual(body, self.rows("model.embed_tokens.weight", 7, 8))
+        self.assertEqual(first.status, 200)
+        self.assertTrue(first.chunked)
+        self.assertIsNone(first.headers.get("Content-Length"))
+        self.assertEqual(first.headers.get("Trailer"), "Repr-Digest")
+        self.assertEqual(int(first.headers["Shard-Length"]), len(body))
+        self.assertEqual(first.trailers.get_all("Repr-Digest"), [sha256_field(body)])
+        self.assertEqual((again.status, body_again), (200, body))
+        self.assertFalse(again.chunked)
+        self.assertIsNone(again.trailers)
+        self.assertIsNone(again.headers.get("Trailer"))
+        self.assertEqual(again.headers.get("Content-Length"), str(len(body)))
+        self.assertEqual(again.headers.get_all("Repr-Digest"), [sha256_field(body)])
+        self.assertEqual(self.client.fetch_verified(request), (body, sha256_field(body)))
 
     def test_every_fetch_path_checks_the_digest(self):
         request = {"checkpoint": CKPT, "layout": vllm(2, 1), "format": "safetensors"}
@@ -424,8 +443,10 @@ class LiveServer(ExampleServer):
                     if path.startswith("fetch_verified"):
                         self.assertEqual(digest, sha256_field(want))
         self.assertEqual(verify.call_count, paths)  # once a fetch, whatever the path
-        self.assertTrue(all(call.args[0].trailers is not None for call in verify.call_args_list))
-        # Through a proxy that changes nothing, the trailer comes through: the same digest.
+        # The server streamed this body whole once: every later response carries its digest as a header.
+        self.assertTrue(all(call.args[0].headers.get("Repr-Digest") == sha256_field(want)
+                            for call in verify.call_args_list))
+        # Through a proxy that changes nothing, the digest comes through: the same.
         p = self.proxy(flip=False)
         self.assertEqual(shardsrv.Client(p.url).fetch_verified(request), (want, sha256_field(want)))
 
@@ -466,7 +487,7 @@ class LiveServer(ExampleServer):
         # A client that does not decline says nothing of it.
         shardsrv.Client(p.url).fetch(request)
         self.assertIsNone(p.requests[1][1].get("Want-Repr-Digest"))
-        self.assertIsNotNone(p.responses[1][2].get("Repr-Digest"))
+        self.assertEqual(p.responses[1][1].get("Repr-Digest"), sha256_field(want))  # a header: the body was streamed
         # Declined, a flipped byte goes unnoticed: nothing checks the body but its length.
         p.flip = True
         body, digest = shardsrv.Client(p.url, digest=False).fetch_verified(request)
@@ -682,6 +703,45 @@ class Digests(unittest.TestCase):
         s.script = [self.shard(digest="sha-256=:not*base64:")]
         with self.assertRaises(shardsrv.DigestError):
             shardsrv.Client(s.url, attempts=1).fetch(self.REQ)
+
+    def test_a_digest_header_is_checked_as_a_trailer_is(self):
+        header = (200, {"Shard-Length": "10", "Content-Length": "10", "Repr-Digest": sha256_field(self.BODY)}, self.BODY)
+        wrong = (200, {"Shard-Length": "10", "Content-Length": "10", "Repr-Digest": sha256_field(b"x")}, self.BODY)
+        s = self.serve(header)
+        c = shardsrv.Client(s.url, attempts=2, backoff=0.01)
+        self.assertEqual(c.fetch_verified(self.REQ), (self.BODY, sha256_field(self.BODY)))
+        for fetch in (lambda: c.fetch(self.REQ), lambda: c.fetch_into(self.REQ, bytearray(10)),
+                      lambda: c.fetch_into(self.REQ, io.BytesIO())):
+            s.script = [wrong, wrong]
+            with self.assertLogs("shardsrv", "WARNING"), self.assertRaises(shardsrv.DigestError) as ctx:
+                fetch()
+            self.assertEqual(ctx.exception.want, sha256_field(b"x"))
+        # A chunked body with the digest in its header and none trailing is checked against the header.
+        s.script = [(200, {"Shard-Length": "10", "Repr-Digest": sha256_field(b"x")}, self.BODY, {})]
+        with self.assertRaises(shardsrv.DigestError):
+            shardsrv.Client(s.url, attempts=1).fetch(self.REQ)
+        # Both: they must agree.
+        s.script = [(200, {"Shard-Length": "10", "Repr-Digest": sha256_field(b"x")}, self.BODY,
+                     {"Repr-Digest": sha256_field(self.BODY)})]
+        with self.assertRaises(shardsrv.DigestError) as ctx:
+            shardsrv.Client(s.url, attempts=1).fetch(self.REQ)
+        self.assertEqual(ctx.exception.want, sha256_field(b"x") + "; " + sha256_field(self.BODY))
+
+    def test_the_shared_digest_vectors(self):
+        """api/testdata/repr_digest.json: the cases the Go client checks too."""
+        with open(os.path.join(ROOT, "api", "testdata", "repr_digest.json")) as f:
+            vectors = json.load(f)
+        got = hashlib.sha256(vectors["body"].encode()).digest()
+        for case in vectors["cases"]:
+            with self.subTest(case["name"]):
+                if case["want"] == "mismatch":
+                    with self.assertRaises(shardsrv.DigestError) as ctx:
+                        shardsrv._check_digest(case["header"], case["trailer"], got)
+                    self.assertEqual(ctx.exception.got, vectors["matched"])
+                else:
+                    want = {"match": vectors["matched"], "none": None}[case["want"]]
+                    self.assertEqual(shardsrv._check_digest(case["header"], case["trailer"], got), want)
+        self.assertGreaterEqual(len(vectors["cases"]), 10)
 
     def test_an_output_that_cannot_start_over_is_not_retried_into(self):
         class Pipe(io.RawIOBase):
