@@ -422,9 +422,10 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 	defer s.metrics.streams.Add(context.WithoutCancel(ctx), -1)
 	digest := sendsDigest(r)
 	var key [sha256.Size]byte
+	var keyed bool   // the body has a key, to find its digest by or keep it under
 	var known []byte // the body's digest, from the memo
 	if digest {
-		if key, digest = res.BodyKey(); digest {
+		if key, keyed = res.BodyKey(); keyed {
 			if sum, hit := s.digests.Get(key); hit {
 				known = sum[:]
 			}
@@ -488,7 +489,9 @@ func (s *Server) PostShards(w http.ResponseWriter, r *http.Request) {
 		// WriteTo returned only once the body's last byte was written, every file's version
 		// confirmed: this is the digest of the body the key names.
 		sum := [sha256.Size]byte(stream.Sum())
-		s.digests.Add(key, sum)
+		if keyed {
+			s.digests.Add(key, sum)
+		}
 		w.Header().Set("Repr-Digest", reprDigest(sum[:]))
 	}
 	s.metrics.streamed(ctx, plan, time.Since(start))
