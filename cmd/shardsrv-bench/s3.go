@@ -150,7 +150,7 @@ func s3Scenarios(r *report, bin, dir string) {
 	// One direct 512 MiB shard: shardsrv against a plain reverse proxy relaying the same bytes
 	// from the same S3 server to the same client, and against the SDK's parallel ranged download.
 	srv = startServerEnv(bin, "s3://"+bucket, env, "--s3-endpoint", g.Endpoint, "--cache-bytes", "0")
-	shard := bodyFile(bigSlab(bigRows))
+	shard, first := bodyFile(bigSlab(bigRows)), firstReads(bigSlab(bigRows))
 	size := int64(bigRows * bigCols * 2)
 	start := int64(len(big)) - size
 	proxied := reverseProxy(g, "big/model.safetensors")
@@ -160,9 +160,10 @@ func s3Scenarios(r *report, bin, dir string) {
 		func() { parallelDownload(g.Client, "big/model.safetensors", start, size, parts, concurrency) },
 		func() { curlRange(proxied.url, size, rangeHeader) },
 		func() { curl("http://"+srv.addr+"/v1/shards", shard, size, declined) },
+		func() { curl("http://"+srv.addr+"/v1/shards", first(), size) },
 		func() { curl("http://"+srv.addr+"/v1/shards", shard, size) },
 	)
-	sdk, relay, off, on := ds[0], ds[1], ds[2], ds[3]
+	sdk, relay, off, on, later := ds[0], ds[1], ds[2], ds[3], ds[4]
 	// shardsrv's store stage alone: the same parts through internal/s3reader, no HTTP hop.
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -193,9 +194,14 @@ func s3Scenarios(r *report, bin, dir string) {
 			fmt.Sprintf("%.2f× the reverse proxy (goal ≥ 0.9×)", ratio(relay, off)),
 		},
 		row{
-			"shardsrv (cache off), Repr-Digest trailer",
+			"shardsrv (cache off), digest on, first read (hashed, Repr-Digest trailer)",
 			throughput(size, on),
 			fmt.Sprintf("%.2f× the reverse proxy; %.2f× without the digest", ratio(relay, on), ratio(off, on)),
+		},
+		row{
+			"shardsrv (cache off), digest on, later reads (memoised, Repr-Digest header)",
+			throughput(size, later),
+			fmt.Sprintf("%.2f× the reverse proxy; %.2f× without the digest", ratio(relay, later), ratio(off, later)),
 		},
 		row{
 			fmt.Sprintf(
