@@ -87,8 +87,9 @@ func (w *readFromWriter) ReadFrom(r io.Reader) (int64, error) {
 
 // Direct runs of a local file reach the connection's ReadFrom as the file itself, through every
 // middleware: sendfile's path is open when the digest is declined, wherever the client is (on
-// this host too, where sendfile also measured faster than copying), and closed when it is on (the
-// bytes are hashed on their way, and only written).
+// this host too, where sendfile also measured faster than copying), and when the digest is on and
+// memoised (sent as a header); it is closed when the body is hashed — the first read with the
+// digest on — (the bytes are hashed on their way, and only written).
 func TestFileSectionsReachTheConnectionsReadFrom(t *testing.T) {
 	dir := t.TempDir()
 	data := pattern(4<<20, 9)
@@ -104,8 +105,8 @@ func TestFileSectionsReachTheConnectionsReadFrom(t *testing.T) {
 		{"declined, another host", false, "192.0.2.1:40000", true},
 		{"declined, loopback", false, "127.0.0.1:40000", true},
 		{"declined, IPv6 loopback", false, "[::1]:40000", true},
-		{"digest, another host", true, "192.0.2.1:40000", false},
-		{"digest, loopback", true, "127.0.0.1:40000", false},
+		{"digest, first read", true, "192.0.2.1:40000", false},
+		{"digest, a later read: memoised", true, "127.0.0.1:40000", true},
 	} {
 		w := &readFromWriter{header: http.Header{}}
 		hreq := httptest.NewRequest("POST", "/v1/shards", bytes.NewReader(raw))
@@ -127,6 +128,9 @@ func TestFileSectionsReachTheConnectionsReadFrom(t *testing.T) {
 			t.Errorf("%s: %d readers reached ReadFrom, want the bytes copied", c.name, w.files+w.other)
 		case c.digest && w.header.Get("Repr-Digest") != reprDigest(body):
 			t.Errorf("%s: Repr-Digest %q, want %q", c.name, w.header.Get("Repr-Digest"), reprDigest(body))
+		case c.digest && (w.header.Get("Trailer") != "") == c.sendfile:
+			t.Errorf("%s: Trailer %q; want the digest trailed only when the body was hashed", c.name,
+				w.header.Get("Trailer"))
 		}
 	}
 }
