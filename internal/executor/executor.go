@@ -37,6 +37,7 @@ import (
 	"io"
 	"math/bits"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -302,7 +303,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, to Output) (*Str
 	for i := range p.Items {
 		var r *rectangle
 		if it := &p.Items[i]; it.Rectangle != nil {
-			r = &rectangle{reads: it.Rectangle, ready: make(chan struct{})}
+			r = newRectangle(it.Rectangle)
 			r.left.Store(int64(len(it.Segments)))
 			var most int64
 			for _, seg := range it.Segments {
@@ -718,7 +719,9 @@ func discard(r result) {
 
 // gather fills one segment's buffer: fill value, direct reads into place, span reads into the
 // gather buffer, then the kernels. Every read is one request: the plan cut them to the store's
-// read size.
+// read size. Spans of local files are read in bands instead (bandBytes), the kernels' parts on
+// each band run right after it is read, and a segment of a rectangle runs each part once the
+// rectangle is read that far.
 func (e *Executor) gather(ctx context.Context, seg *planner.Segment, rect *rectangle) (*[]byte, error) {
 	buf := getBuf(seg.Bytes)
 	out := (*buf)[:seg.Bytes]
@@ -732,54 +735,218 @@ func (e *Executor) gather(ctx context.Context, seg *planner.Segment, rect *recta
 		defer putBuf(pooled)
 		spans = (*pooled)[:last.Dst+last.Length]
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	for _, list := range []struct {
-		reads []planner.Read
-		into  []byte
-	}{{seg.Direct, out}, {seg.Spans, spans}} {
-		for _, r := range list.reads {
-			g.Go(func() error {
-				return e.store.ReadAt(gctx, r.Key, r.Version, list.into[r.Dst:r.Dst+r.Length], r.Offset)
-			})
-		}
-	}
-	if err := g.Wait(); err != nil {
-		putBuf(buf)
-		return nil, err
-	}
 	if len(seg.Kernels) > 0 {
 		_, span := e.tracer.Start(ctx, "gather", trace.WithAttributes(attribute.Int("kernels", len(seg.Kernels)),
 			attribute.Int64("bytes", seg.Bytes)))
 		defer span.End()
 	}
-	files := planner.SpanFiles(seg.Spans, spans)
-	if rect != nil {
-		select {
-		case <-rect.ready:
-		case <-ctx.Done():
-			putBuf(buf)
-			return nil, ctx.Err()
-		}
-		if rect.err != nil {
-			putBuf(buf)
-			return nil, rect.err
-		}
-		files = planner.SpanFiles(rect.reads, (*rect.buf)[:cap(*rect.buf)])
+	var bands []planner.Band
+	if rect != nil || e.bandsFiles() {
+		bands = bandsOf(seg.Kernels)
 	}
-	for _, k := range seg.Kernels {
-		if err := k.Run(out, files); err != nil {
-			putBuf(buf)
-			return nil, fmt.Errorf("internal error: %w", err)
+	banded := rect == nil && bands != nil
+	g, gctx := errgroup.WithContext(ctx)
+	e.readAll(g, gctx, seg.Direct, out)
+	var err error
+	switch {
+	case rect != nil:
+		e.readAll(g, gctx, seg.Spans, spans)
+		err = runBands(ctx, bands, seg.Kernels, out, rect)
+	case banded:
+		files := planner.SpanFiles(seg.Spans, spans)
+		run := func(at filled) error {
+			var err error
+			bands, err = runReady(bands, at, seg.Spans, out, files)
+			return err
 		}
+		if err = e.readBanded(ctx, seg.Spans, spans, run); err == nil {
+			err = run(filled{read: len(seg.Spans)}) // what no band was left to run
+		}
+	default:
+		e.readAll(g, gctx, seg.Spans, spans)
+	}
+	if err = errors.Join(err, g.Wait()); err == nil && rect == nil && !banded {
+		err = runKernels(seg.Kernels, out, planner.SpanFiles(seg.Spans, spans))
+	}
+	if err != nil {
+		putBuf(buf)
+		return nil, err
 	}
 	return buf, nil
+}
+
+// readAll issues reads into buf in parallel, one request each.
+func (e *Executor) readAll(g *errgroup.Group, ctx context.Context, reads []planner.Read, buf []byte) {
+	for _, r := range reads {
+		g.Go(func() error { return e.store.ReadAt(ctx, r.Key, r.Version, buf[r.Dst:r.Dst+r.Length], r.Offset) })
+	}
+}
+
+func runKernels(kernels []planner.Kernel, out []byte, files planner.Files) error {
+	for _, k := range kernels {
+		if err := k.Run(out, files); err != nil {
+			return fmt.Errorf("internal error: %w", err)
+		}
+	}
+	return nil
+}
+
+// bandBytes is how much source a banded read reads before the kernels run on it: the band and
+// what the kernels write from it stay in one core's L2 cache (1.25 MiB on this machine's Xeon)
+// between the read and the kernels, where the whole gather buffer of a segment (MiBs) went back
+// to memory first. A band is no request of its own: a file's reads of one segment are one section.
+const bandBytes = 512 << 10
+
+// bandsFiles is whether span reads may be read in bands: the store writes sections from files,
+// which a section reads with one open however it is consumed. An object store's read is one
+// ranged request, and a cache's section holds chunks already in memory: those are read whole.
+func (e *Executor) bandsFiles() bool {
+	return e.sectioner != nil && e.sectioner.SectionMemory(bandBytes) == 0
+}
+
+// bandsOf cuts kernels into bands of bandBytes in the order their source bytes are read (by file,
+// then by where they end); nil when a kernel cannot be cut (a completion), or there are none.
+func bandsOf(kernels []planner.Kernel) []planner.Band {
+	var bands []planner.Band
+	for _, k := range kernels {
+		b, ok := k.(planner.Bander)
+		if !ok {
+			return nil
+		}
+		bands = b.Bands(bandBytes, bands)
+	}
+	slices.SortStableFunc(bands, func(a, b planner.Band) int {
+		return cmp.Or(strings.Compare(a.Key, b.Key), cmp.Compare(a.End, b.End))
+	})
+	return bands
+}
+
+// filled is how far reads sorted by file and offset (a segment's spans, a rectangle's) are read:
+// all of reads[:read], and done bytes of reads[read].
+type filled struct {
+	read int
+	done int64
+}
+
+// covers is whether every byte of key before end that the reads hold has been read.
+func (f filled) covers(reads []planner.Read, key string, end int64) bool {
+	if f.read == len(reads) {
+		return true
+	}
+	r := &reads[f.read]
+	return r.Key > key || r.Key == key && r.Offset+f.done >= end
+}
+
+// runReady runs the bands at the front whose bytes reads have read up to at, and returns the rest.
+func runReady(bands []planner.Band, at filled, reads []planner.Read, out []byte,
+	files planner.Files,
+) ([]planner.Band, error) {
+	for len(bands) > 0 && at.covers(reads, bands[0].Key, bands[0].End) {
+		if err := runKernels([]planner.Kernel{bands[0].Kernel}, out, files); err != nil {
+			return bands, err
+		}
+		bands = bands[1:]
+	}
+	return bands, nil
+}
+
+// readBanded reads reads (sorted by file and offset) into buf at their Dst through a section of
+// each file, bandBytes at a time, and calls reached after each band with how far they are read.
+func (e *Executor) readBanded(ctx context.Context, reads []planner.Read, buf []byte, reached func(filled) error) error {
+	in := &bandReader{reads: reads, buf: buf, reached: reached}
+	for at := 0; at < len(reads); {
+		k := at + 1
+		for k < len(reads) && reads[k].Key == reads[at].Key && reads[k].Version == reads[at].Version {
+			k++
+		}
+		ranges := make([]store.Range, 0, k-at)
+		for _, r := range reads[at:k] {
+			ranges = append(ranges, store.Range{Offset: r.Offset, Length: r.Length})
+		}
+		sec, err := e.sectioner.Section(ctx, reads[at].Key, reads[at].Version, ranges)
+		if err != nil {
+			return err
+		}
+		_, err = sec.WriteTo(in)
+		if err = errors.Join(err, sec.Close()); err != nil {
+			return err
+		}
+		if in.at.read != k {
+			return fmt.Errorf("%w: %q ended early", store.ErrChanged, reads[at].Key)
+		}
+		at = k
+	}
+	return nil
+}
+
+// bandReader is the writer a banded read's sections write to: it lays their bytes out in buf as
+// the reads say, and reads a file handed to ReadFrom straight into place, a band at a time.
+type bandReader struct {
+	reads   []planner.Read
+	buf     []byte
+	at      filled
+	reached func(filled) error
+}
+
+// rest is the part of buf the next bytes go to: what is left of the read being filled.
+func (b *bandReader) rest() []byte {
+	r := &b.reads[b.at.read]
+	return b.buf[r.Dst+b.at.done : r.Dst+r.Length]
+}
+
+// advance counts n bytes filled and reports how far that reaches.
+func (b *bandReader) advance(n int) error {
+	b.at.done += int64(n)
+	for b.at.read < len(b.reads) && b.at.done == b.reads[b.at.read].Length {
+		b.at = filled{read: b.at.read + 1}
+	}
+	return b.reached(b.at)
+}
+
+func (b *bandReader) Write(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		if b.at.read == len(b.reads) {
+			return n, errors.New("internal error: a section wrote more than its ranges")
+		}
+		m := copy(b.rest(), p[n:])
+		n += m
+		if err := b.advance(m); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (b *bandReader) ReadFrom(r io.Reader) (int64, error) {
+	var n int64
+	for b.at.read < len(b.reads) {
+		into := b.rest()
+		m, err := io.ReadFull(r, into[:min(len(into), bandBytes)])
+		n += int64(m)
+		if m > 0 {
+			if err := b.advance(m); err != nil {
+				return n, err
+			}
+		}
+		switch err {
+		case nil:
+		case io.EOF, io.ErrUnexpectedEOF:
+			return n, nil
+		default:
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // rectangle is the source bytes an item's segments share (planner.Item.Rectangle): read once, when
 // the first of them starts, into a buffer charged to the whole budget together with the window of
 // segment buffers produced from it (which then take nothing more from the budget: a stream holding
 // a rectangle never waits on the budget for its segments, which would deadlock streams that hold
-// rectangles), not to the stream's share; given back once the last segment is written.
+// rectangles), not to the stream's share; given back once the last segment is written. A
+// rectangle of local files is read in bands, and its segments' kernels run on each part as soon
+// as the rectangle is read that far.
 type rectangle struct {
 	reads   []planner.Read
 	bytes   int64 // its charge
@@ -788,21 +955,79 @@ type rectangle struct {
 	buf     *[]byte
 	err     error
 	left    atomic.Int64 // segments not yet done with it
+
+	mu    sync.Mutex
+	at    filled        // how far its reads are read
+	moved chan struct{} // closed when at moves
 }
 
-// readRectangle reads a rectangle's reads in parallel, then marks it ready.
+func newRectangle(reads []planner.Read) *rectangle {
+	return &rectangle{reads: reads, ready: make(chan struct{}), moved: make(chan struct{})}
+}
+
+// readRectangle reads a rectangle's reads, in bands or in parallel, then marks it ready.
 func (e *Executor) readRectangle(ctx context.Context, r *rectangle) {
 	defer close(r.ready)
 	last := r.reads[len(r.reads)-1]
 	r.buf = getBuf(last.Dst + last.Length)
 	into := (*r.buf)[:last.Dst+last.Length]
-	g, gctx := errgroup.WithContext(ctx)
-	for _, rd := range r.reads {
-		g.Go(func() error {
-			return e.store.ReadAt(gctx, rd.Key, rd.Version, into[rd.Dst:rd.Dst+rd.Length], rd.Offset)
+	if e.bandsFiles() {
+		r.err = e.readBanded(ctx, r.reads, into, func(at filled) error {
+			r.mu.Lock()
+			r.at = at
+			close(r.moved)
+			r.moved = make(chan struct{})
+			r.mu.Unlock()
+			return nil
 		})
+		return
 	}
+	g, gctx := errgroup.WithContext(ctx)
+	e.readAll(g, gctx, r.reads, into)
 	r.err = g.Wait()
+}
+
+// wait waits until the rectangle holds band's bytes — all of it, for no band — or fails.
+func (r *rectangle) wait(ctx context.Context, band *planner.Band) error {
+	for {
+		r.mu.Lock()
+		ok := band != nil && r.at.covers(r.reads, band.Key, band.End)
+		moved := r.moved
+		r.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-moved:
+		case <-r.ready:
+			return r.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// files finds the kernels' bytes in the rectangle's buffer.
+func (r *rectangle) files() planner.Files { return planner.SpanFiles(r.reads, (*r.buf)[:cap(*r.buf)]) }
+
+// runBands runs a segment's kernels from its rectangle: each band once the rectangle holds its
+// bytes, or without bands all of them once it is read.
+func runBands(ctx context.Context, bands []planner.Band, kernels []planner.Kernel, out []byte, r *rectangle) error {
+	if bands == nil {
+		if err := r.wait(ctx, nil); err != nil {
+			return err
+		}
+		return runKernels(kernels, out, r.files())
+	}
+	for i := range bands {
+		if err := r.wait(ctx, &bands[i]); err != nil {
+			return err
+		}
+		if err := runKernels([]planner.Kernel{bands[i].Kernel}, out, r.files()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // doneWith marks one of a rectangle's segments done with it; the last gives back its buffer and

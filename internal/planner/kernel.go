@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/shardsrv/shardsrv/internal/checkpoint"
@@ -18,6 +19,21 @@ type Kernel interface {
 	Run(seg []byte, files Files) error
 	// String describes the kernel in one line, for plan dumps and tests.
 	String() string
+}
+
+// Bander is a kernel that can run in parts as its source bytes arrive, so a part reads bytes
+// read a moment before, still in the cache, and a kernel need not wait for all of its reads.
+type Bander interface {
+	// Bands appends to dst the parts of the kernel that read about size source bytes each, in
+	// the order of the file offsets their bytes end at. Together they write what Run writes.
+	Bands(size int64, dst []Band) []Band
+}
+
+// Band is a part of a kernel that reads bytes of file Key before offset End only.
+type Band struct {
+	Key    string
+	End    int64
+	Kernel Kernel
 }
 
 // Files finds a file's bytes, by store key, among those read for a segment.
@@ -72,6 +88,38 @@ func (c *stridedCopy) Run(seg []byte, files Files) error {
 		return fmt.Errorf("the plan did not read what a copy needs: %w", err)
 	}
 	return nil
+}
+
+// Bands cuts the copy along the dimension that strides furthest in the source: each part's
+// bytes then end after the part's before it. A copy of nibbles is one part.
+func (c *stridedCopy) Bands(size int64, dst []Band) []Band {
+	l := c.layout
+	elem := int64(c.source.DType.Size())
+	extent := elem // from the first source byte to the last, plus one
+	cut := -1
+	for d := range l.Lengths {
+		extent += (l.Lengths[d] - 1) * l.Src[d]
+		if l.Src[d] > 0 && (cut < 0 || l.Src[d] > l.Src[cut]) {
+			cut = d
+		}
+	}
+	if c.nibbles || cut < 0 || l.Lengths[cut]*l.Src[cut] <= size {
+		end := c.src + extent
+		if c.nibbles {
+			end = (c.src + extent + 1) / 2
+		}
+		return append(dst, Band{Key: c.source.Key, End: end, Kernel: c})
+	}
+	rows, step := l.Lengths[cut], l.Src[cut]
+	per := max(1, size/step)
+	for at := int64(0); at < rows; at += per {
+		part := tensor.Strided{Lengths: slices.Clone(l.Lengths), Src: l.Src, Dst: l.Dst}
+		part.Lengths[cut] = min(per, rows-at)
+		sub := &stridedCopy{pipeline: c.pipeline, source: c.source, src: c.src + at*step, dst: c.dst + at*l.Dst[cut],
+			layout: part.Simplify()}
+		dst = append(dst, Band{Key: c.source.Key, End: sub.src + extent - (rows-part.Lengths[cut])*step, Kernel: sub})
+	}
+	return dst
 }
 
 func (c *stridedCopy) String() string {
