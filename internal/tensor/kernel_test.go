@@ -113,7 +113,7 @@ func TestWordKernelsMatchByteLoops(t *testing.T) {
 	for _, pair := range [][2]DType{{BF16, F32}, {F32, BF16}, {F8E4M3, BF16}, {BF16, BF16}, {F32, F32}, {I16, I16}} {
 		p, _ := NewPipeline(pair[0], nil, pair[1])
 		generic := *p
-		generic.fastBF16ToF32, generic.fastF32ToBF16, generic.identity = false, false, false
+		generic.fastBF16ToF32, generic.fastF32ToBF16, generic.fastE4M3ToBF16, generic.identity = false, false, false, false
 		generic.fast, generic.lut = nil, nil
 		for _, shift := range []int{0, 1, 2} {
 			for _, step := range []int{1, 2, 3} {
@@ -156,6 +156,30 @@ func TestEveryOther16MatchesTheByteLoop(t *testing.T) {
 			everyOther16Words(words, src)
 			if !slices.Equal(got, want) || !slices.Equal(words, want) {
 				t.Fatalf("%d elements, shift %d: every other element differs from the byte loop", n, shift)
+			}
+		}
+	}
+}
+
+// E4M3 to BF16 (the vector kernel where the CPU has one, the batch path for the rest) gives the
+// batch path's bytes for every code at every place of a vector block, for every length around
+// the block and any alignment.
+func TestE4M3ToBF16MatchesTheBatchPath(t *testing.T) {
+	p, _ := NewPipeline(F8E4M3, nil, BF16)
+	codes := make([]byte, 256+15)
+	for i := range codes {
+		codes[i] = byte(i * 7) // every code, at every place mod 16
+	}
+	for n := range len(codes) {
+		for _, shift := range []int{0, 1, 3} {
+			raw := make([]byte, shift+n)
+			copy(raw[shift:], codes)
+			src := raw[shift:]
+			want, got := make([]byte, 2*n+shift), make([]byte, 2*n+shift)
+			p.runBatches(want[shift:], 2, src, 1, n)
+			p.Run(got[shift:], 2, src, 1, n)
+			if !slices.Equal(got, want) {
+				t.Fatalf("%d codes, shift %d: differs from the batch path", n, shift)
 			}
 		}
 	}

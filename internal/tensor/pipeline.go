@@ -93,8 +93,8 @@ type Pipeline struct {
 	identity bool   // same dtype and no ops: a byte copy
 	fast     func(dst []byte, dstStride int, src []byte, srcStride int, n int)
 	// Conversions the word kernels do without any op in between.
-	fastBF16ToF32, fastF32ToBF16 bool
-	lut                          *lut // the chain's lookup table (lut.go), nil when it has none
+	fastBF16ToF32, fastF32ToBF16, fastE4M3ToBF16 bool
+	lut                                          *lut // the chain's lookup table (lut.go), nil when it has none
 }
 
 // NewPipeline checks src → ops → dst against docs/numerics.md and compiles it.
@@ -161,6 +161,7 @@ func NewPipeline(src DType, ops []Op, dst DType) (*Pipeline, error) {
 		p.fast = fastPaths[[2]DType{src, dst}]
 		p.fastBF16ToF32 = src == BF16 && dst == F32
 		p.fastF32ToBF16 = src == F32 && dst == BF16
+		p.fastE4M3ToBF16 = src == F8E4M3 && dst == BF16
 	}
 	if !p.identity && !p.fastBF16ToF32 { // widening BF16 is a shift, faster than a lookup
 		p.lut = lutFor(src, ops, dst)

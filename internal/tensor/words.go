@@ -61,6 +61,12 @@ func (p *Pipeline) wordKernel(dst []byte, ds int, src []byte, ss int, n int) boo
 		for i := range d {
 			d[i] = BF16FromF32(math.Float32frombits(s[i*step]))
 		}
+	case p.fastE4M3ToBF16 && ss == 1 && ds == 2 && len(src) >= n && len(dst) >= 2*n:
+		done := e4m3ToBF16Vector(dst[:2*n], src[:n])
+		if done == 0 { // no vector kernel, or too few codes for it: the lookup table's
+			return false
+		}
+		p.runBatches(dst[2*done:], 2, src[done:], 1, n-done)
 	default:
 		return false
 	}

@@ -20,3 +20,19 @@ func everyOther16Vector(dst, src []byte) int {
 	everyOther16AVX2(&dst[0], &src[0], blocks)
 	return blocks * 32
 }
+
+// e4m3ToBF16AVX2 converts blocks × 16 E4M3 codes of src to BF16 in dst.
+//
+//go:noescape
+func e4m3ToBF16AVX2(dst, src *byte, blocks int)
+
+// e4m3ToBF16Vector converts what it can of src (E4M3 codes) into dst (BF16) with AVX2, 16 a step,
+// and returns how many it converted.
+func e4m3ToBF16Vector(dst, src []byte) int {
+	blocks := min(len(dst)/32, len(src)/16)
+	if !hasAVX2 || blocks == 0 {
+		return 0
+	}
+	e4m3ToBF16AVX2(&dst[0], &src[0], blocks)
+	return blocks * 16
+}
