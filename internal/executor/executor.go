@@ -8,7 +8,9 @@
 // take files, through a small buffer, two for a hashed body), cached chunks are written from the
 // cache. Every other segment — gathered, converted, or direct from an object store, whose
 // parallel ranged reads need buffers to land in — is read into pooled buffers and written from
-// them.
+// them. A gather from local files reads its sources through one section a file, a band at a
+// time, and runs its kernels on each band right after it is read, while the band is still in
+// the core's cache; the segments of a shared rectangle run theirs as the rectangle is read.
 //
 // Memory is charged for what a segment really holds: its buffers, the cached chunks its sections
 // reference, or for a file section the 256 KiB it may be copied through (a hashing stream one more
@@ -853,7 +855,7 @@ func runReady(bands []planner.Band, at filled, reads []planner.Read, out []byte,
 // readBanded reads reads (sorted by file and offset) into buf at their Dst through a section of
 // each file, bandBytes at a time, and calls reached after each band with how far they are read.
 func (e *Executor) readBanded(ctx context.Context, reads []planner.Read, buf []byte, reached func(filled) error) error {
-	in := &bandReader{reads: reads, buf: buf, reached: reached}
+	in := &bandReader{ctx: ctx, reads: reads, buf: buf, reached: reached}
 	for at := 0; at < len(reads); {
 		k := at + 1
 		for k < len(reads) && reads[k].Key == reads[at].Key && reads[k].Version == reads[at].Version {
@@ -882,6 +884,7 @@ func (e *Executor) readBanded(ctx context.Context, reads []planner.Read, buf []b
 // bandReader is the writer a banded read's sections write to: it lays their bytes out in buf as
 // the reads say, and reads a file handed to ReadFrom straight into place, a band at a time.
 type bandReader struct {
+	ctx     context.Context // a stream stopped stops its reads between bands
 	reads   []planner.Read
 	buf     []byte
 	at      filled
@@ -899,6 +902,9 @@ func (b *bandReader) advance(n int) error {
 	b.at.done += int64(n)
 	for b.at.read < len(b.reads) && b.at.done == b.reads[b.at.read].Length {
 		b.at = filled{read: b.at.read + 1}
+	}
+	if err := b.ctx.Err(); err != nil {
+		return err
 	}
 	return b.reached(b.at)
 }
