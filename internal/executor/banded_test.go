@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/budget"
-	"github.com/shardsrv/shardsrv/internal/checkpoint"
 	"github.com/shardsrv/shardsrv/internal/executor"
 	"github.com/shardsrv/shardsrv/internal/planner"
 	"github.com/shardsrv/shardsrv/internal/safetensors"
@@ -47,20 +44,8 @@ func TestBandedGathersFromLocalFilesAreTheBruteForceBodies(t *testing.T) {
 	for i := range tr {
 		tr[i] = byte(i*17 + i>>10)
 	}
-	var file bytes.Buffer
-	safetensors.Write(&file, []safetensors.TensorData{
-		{Name: "x", DType: "BF16", Shape: []int64{n}, Data: x},
-		{Name: "t", DType: "BF16", Shape: []int64{side, side}, Data: tr},
-	}, nil)
-	dir := t.TempDir()
-	os.MkdirAll(filepath.Join(dir, "ck"), 0o755)
-	os.WriteFile(filepath.Join(dir, "ck", "model.safetensors"), file.Bytes(), 0o644)
-	local, _ := store.NewLocal(dir)
-	defer local.Close()
-	ck, err := checkpoint.New(local).Open(context.Background(), "ck")
-	if err != nil {
-		t.Fatal(err)
-	}
+	local, ck := localCheckpoint(t, safetensors.TensorData{Name: "x", DType: "BF16", Shape: []int64{n}, Data: x},
+		safetensors.TensorData{Name: "t", DType: "BF16", Shape: []int64{side, side}, Data: tr})
 	one := func(dtype api.DType, shape []int64, b api.Block) *api.ShardRequest {
 		b.Offsets, b.Lengths = make([]int64, len(shape)), shape
 		return &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "out", Dtype: dtype,

@@ -577,14 +577,22 @@ func (b *body) ReadFrom(r io.Reader) (int64, error) {
 		} else {
 			b.s.hash.unchunk(pooled)
 		}
-		switch err {
-		case nil:
-		case io.EOF, io.ErrUnexpectedEOF:
-			return n, nil
-		default:
+		if end, err := ended(err); end {
 			return n, err
 		}
 	}
+}
+
+// ended is whether a ReadFrom's read that returned err was its last: at the reader's end (then
+// no error) or failed.
+func ended(err error) (bool, error) {
+	switch err {
+	case nil:
+		return false, nil
+	case io.EOF, io.ErrUnexpectedEOF:
+		return true, nil
+	}
+	return true, err
 }
 
 // keep holds a section sent by sendfile open in place of the file's one before, which it closes.
@@ -935,11 +943,7 @@ func (b *bandReader) ReadFrom(r io.Reader) (int64, error) {
 				return n, err
 			}
 		}
-		switch err {
-		case nil:
-		case io.EOF, io.ErrUnexpectedEOF:
-			return n, nil
-		default:
+		if end, err := ended(err); end {
 			return n, err
 		}
 	}

@@ -21,15 +21,11 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
-// copyPlan stores an 8 MiB U8 tensor and plans all of it, straight, in segments of segBytes.
-func copyPlan(t *testing.T, segBytes int64) (*store.Local, *planner.Plan, []byte) {
-	const n = 8 << 20
-	data := make([]byte, n)
-	for i := range data {
-		data[i] = byte(i*7 + i>>16)
-	}
+// localCheckpoint writes tensors into checkpoint "ck" of a local store in a temporary directory.
+func localCheckpoint(t *testing.T, tensors ...safetensors.TensorData) (*store.Local, *checkpoint.Checkpoint) {
+	t.Helper()
 	var file bytes.Buffer
-	safetensors.Write(&file, []safetensors.TensorData{{Name: "w", DType: "U8", Shape: []int64{n}, Data: data}}, nil)
+	safetensors.Write(&file, tensors, nil)
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "ck"), 0o755)
 	os.WriteFile(filepath.Join(dir, "ck", "model.safetensors"), file.Bytes(), 0o644)
@@ -39,6 +35,17 @@ func copyPlan(t *testing.T, segBytes int64) (*store.Local, *planner.Plan, []byte
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st, ck
+}
+
+// copyPlan stores an 8 MiB U8 tensor and plans all of it, straight, in segments of segBytes.
+func copyPlan(t *testing.T, segBytes int64) (*store.Local, *planner.Plan, []byte) {
+	const n = 8 << 20
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*7 + i>>16)
+	}
+	st, ck := localCheckpoint(t, safetensors.TensorData{Name: "w", DType: "U8", Shape: []int64{n}, Data: data})
 	blocks := []api.Block{{Offsets: []int64{0}, Lengths: []int64{n}, Source: "w", Base: []int64{0},
 		Coeff: [][]int64{{1}}}}
 	req := &api.ShardRequest{Checkpoint: "ck", Tensors: []api.TensorRequest{{Name: "w", Dtype: api.U8,
@@ -303,18 +310,8 @@ func TestDirectPermutationsReadTheirExtentInFewRequests(t *testing.T) {
 	for i := range data {
 		data[i] = byte(i*13 + i>>9)
 	}
-	var file bytes.Buffer
-	safetensors.Write(&file, []safetensors.TensorData{{Name: "w", DType: "BF16", Shape: []int64{rows, cols},
-		Data: data}}, nil)
-	dir := t.TempDir()
-	os.MkdirAll(filepath.Join(dir, "ck"), 0o755)
-	os.WriteFile(filepath.Join(dir, "ck", "model.safetensors"), file.Bytes(), 0o644)
-	local, _ := store.NewLocal(dir)
-	defer local.Close()
-	ck, err := checkpoint.New(local).Open(context.Background(), "ck")
-	if err != nil {
-		t.Fatal(err)
-	}
+	local, ck := localCheckpoint(t, safetensors.TensorData{Name: "w", DType: "BF16", Shape: []int64{rows, cols},
+		Data: data})
 	begin := ck.Tensors["w"].Begin
 	for _, c := range []struct{ off, lens []int64 }{
 		{[]int64{0, 0}, []int64{cols, rows}},    // the whole tensor
