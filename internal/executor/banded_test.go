@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/shardsrv/shardsrv/api"
 	"github.com/shardsrv/shardsrv/internal/budget"
@@ -15,10 +17,23 @@ import (
 	"github.com/shardsrv/shardsrv/internal/store"
 )
 
-// sectionsCounted is the local store, counting its reads and its sections.
+// sectionsCounted is the local store, counting its reads and its sections; slow, its sections
+// write through a plain writer (no ReadFrom), in pieces with a pause after each.
 type sectionsCounted struct {
 	*store.Local
+	slow            bool
 	reads, sections atomic.Int64
+}
+
+type slowSection struct{ store.Section }
+
+func (s slowSection) WriteTo(w io.Writer) (int64, error) { return s.Section.WriteTo(slowWriter{w}) }
+
+type slowWriter struct{ w io.Writer }
+
+func (s slowWriter) Write(p []byte) (int, error) {
+	time.Sleep(50 * time.Microsecond)
+	return s.w.Write(p)
 }
 
 func (s *sectionsCounted) ReadAt(ctx context.Context, key, version string, p []byte, off int64) error {
@@ -28,15 +43,21 @@ func (s *sectionsCounted) ReadAt(ctx context.Context, key, version string, p []b
 
 func (s *sectionsCounted) Section(ctx context.Context, key, version string, ranges []store.Range) (store.Section, error) {
 	s.sections.Add(1)
-	return s.Local.Section(ctx, key, version, ranges)
+	sec, err := s.Local.Section(ctx, key, version, ranges)
+	if err != nil || !s.slow {
+		return sec, err
+	}
+	return slowSection{sec}, nil
 }
 
 // Gathers from local files read their spans, and a rectangle, in bands through one section of the
-// file each, with the kernels run on each band as it arrives — many bands here (512 KiB each) —
-// and the bodies are the brute-force ones: every other BF16 element, BF16 widened to F32, and a
-// 1024 × 1024 BF16 transpose from a rectangle its segments share and from one segment's own spans.
+// file each, with the kernels run on each band as it arrives — several bands each here — and the
+// bodies are the brute-force ones: every other BF16 element, BF16 widened to F32, and a
+// 2048 × 2048 BF16 transpose from a rectangle its segments share and from one segment's own spans;
+// each with the file read straight into place and, slowly, through a plain writer, so that the
+// kernels run while the reads are still coming in.
 func TestBandedGathersFromLocalFilesAreTheBruteForceBodies(t *testing.T) {
-	const n, side = 1 << 20, 1024 // BF16 elements of x; t is side × side BF16
+	const n, side = 1 << 20, 2048 // BF16 elements of x; t is side × side BF16
 	x, tr := make([]byte, 2*n), make([]byte, 2*side*side)
 	for i := range x {
 		x[i] = byte(i*31 + i>>11)
@@ -79,8 +100,8 @@ func TestBandedGathersFromLocalFilesAreTheBruteForceBodies(t *testing.T) {
 			Coeff: [][]int64{{2}}}), 0, false, everyOther},
 		{"BF16 to F32", one("F32", []int64{n}, api.Block{Source: "x", Base: []int64{0}, Coeff: [][]int64{{1}}}),
 			0, false, widened},
-		{"transpose, one segment", transpose, 0, false, transposed},
-		{"transpose, a shared rectangle", transpose, 256 << 10, true, transposed},
+		{"transpose, one segment", transpose, 8 << 20, false, transposed},
+		{"transpose, a shared rectangle", transpose, 1 << 20, true, transposed},
 	} {
 		opts := planner.DefaultOptions()
 		if c.segBytes > 0 {
@@ -93,21 +114,23 @@ func TestBandedGathersFromLocalFilesAreTheBruteForceBodies(t *testing.T) {
 		if got := plan.Items[0].Rectangle != nil; got != c.rect {
 			t.Fatalf("%s: the plan shares a rectangle: %v, want %v", c.name, got, c.rect)
 		}
-		counted := &sectionsCounted{Local: local}
-		stream, err := executor.New(counted, budget.New(budget.Config{Bytes: 1 << 30}), executor.Config{}).
-			Stream(context.Background(), plan, executor.Output{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var body bytes.Buffer
-		_, err = stream.WriteTo(&body)
-		stream.Close()
-		if err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], c.want) {
-			t.Fatalf("%s: %v, or not the brute-force body", c.name, err)
-		}
-		if counted.reads.Load() != 0 || counted.sections.Load() == 0 {
-			t.Errorf("%s: %d reads and %d sections, want sections only", c.name, counted.reads.Load(),
-				counted.sections.Load())
+		for _, slow := range []bool{false, true} {
+			counted := &sectionsCounted{Local: local, slow: slow}
+			stream, err := executor.New(counted, budget.New(budget.Config{Bytes: 1 << 30}), executor.Config{}).
+				Stream(context.Background(), plan, executor.Output{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body bytes.Buffer
+			_, err = stream.WriteTo(&body)
+			stream.Close()
+			if err != nil || !bytes.Equal(body.Bytes()[len(plan.Header):], c.want) {
+				t.Fatalf("%s (slow %v): %v, or not the brute-force body", c.name, slow, err)
+			}
+			if counted.reads.Load() != 0 || counted.sections.Load() == 0 {
+				t.Errorf("%s (slow %v): %d reads and %d sections, want sections only", c.name, slow,
+					counted.reads.Load(), counted.sections.Load())
+			}
 		}
 	}
 }
