@@ -10,7 +10,7 @@
 // parallel ranged reads need buffers to land in — is read into pooled buffers and written from
 // them. A gather from local files reads its sources through one section a file, a band at a
 // time, and runs its kernels on each band right after it is read, while the band is still in
-// the core's cache; the segments of a shared rectangle run theirs as the rectangle is read.
+// the core's cache.
 //
 // Memory is charged for what a segment really holds: its buffers, the cached chunks its sections
 // reference, or for a file section the 256 KiB it may be copied through (a hashing stream one more
@@ -305,7 +305,7 @@ func (e *Executor) Stream(ctx context.Context, p *planner.Plan, to Output) (*Str
 	for i := range p.Items {
 		var r *rectangle
 		if it := &p.Items[i]; it.Rectangle != nil {
-			r = newRectangle(it.Rectangle)
+			r = &rectangle{reads: it.Rectangle, ready: make(chan struct{})}
 			r.left.Store(int64(len(it.Segments)))
 			var most int64
 			for _, seg := range it.Segments {
@@ -728,10 +728,9 @@ func discard(r result) {
 }
 
 // gather fills one segment's buffer: fill value, direct reads into place, span reads into the
-// gather buffer, then the kernels. Every read is one request: the plan cut them to the store's
-// read size. Spans of local files are read in bands instead (bandBytes), the kernels' parts on
-// each band run right after it is read, and a segment of a rectangle runs each part once the
-// rectangle is read that far.
+// gather buffer (or its rectangle's), then the kernels. Every read is one request: the plan cut
+// them to the store's read size. Spans of local files are read in bands instead (bandBytes),
+// each band's parts of the kernels run right after it is read.
 func (e *Executor) gather(ctx context.Context, seg *planner.Segment, rect *rectangle) (*[]byte, error) {
 	buf := getBuf(seg.Bytes)
 	out := (*buf)[:seg.Bytes]
@@ -751,20 +750,13 @@ func (e *Executor) gather(ctx context.Context, seg *planner.Segment, rect *recta
 		defer span.End()
 	}
 	var bands []planner.Band
-	if rect != nil {
-		bands = bandsOf(seg.Kernels, rectangleBandBytes)
-	} else if e.bandsFiles() {
-		bands = bandsOf(seg.Kernels, bandBytes)
+	if rect == nil && e.bandsFiles() {
+		bands = bandsOf(seg.Kernels)
 	}
-	banded := rect == nil && bands != nil
 	g, gctx := errgroup.WithContext(ctx)
 	e.readAll(g, gctx, seg.Direct, out)
 	var err error
-	switch {
-	case rect != nil:
-		e.readAll(g, gctx, seg.Spans, spans)
-		err = runBands(ctx, bands, seg.Kernels, out, rect)
-	case banded:
+	if bands != nil {
 		files := planner.SpanFiles(seg.Spans, spans)
 		run := func(at filled) error {
 			var err error
@@ -774,11 +766,16 @@ func (e *Executor) gather(ctx context.Context, seg *planner.Segment, rect *recta
 		if err = e.readBanded(ctx, seg.Spans, spans, run); err == nil {
 			err = run(filled{read: len(seg.Spans)}) // what no band was left to run
 		}
-	default:
+		err = errors.Join(err, g.Wait())
+	} else {
 		e.readAll(g, gctx, seg.Spans, spans)
-	}
-	if err = errors.Join(err, g.Wait()); err == nil && rect == nil && !banded {
-		err = runKernels(seg.Kernels, out, planner.SpanFiles(seg.Spans, spans))
+		files := planner.SpanFiles(seg.Spans, spans)
+		if err = g.Wait(); err == nil && rect != nil {
+			files, err = rect.wait(ctx)
+		}
+		if err == nil {
+			err = runKernels(seg.Kernels, out, files)
+		}
 	}
 	if err != nil {
 		putBuf(buf)
@@ -809,14 +806,6 @@ func runKernels(kernels []planner.Kernel, out []byte, files planner.Files) error
 // to memory first. A band is no request of its own: a file's reads of one segment are one section.
 const bandBytes = 512 << 10
 
-// rectangleBandBytes is how much of a rectangle a segment's kernels take at a time. The rectangle
-// is read in bands of bandBytes by one goroutine while its segments run on others, so its bytes
-// are not in their core's cache anyway; what a band buys there is the start before the whole
-// rectangle is read. Smaller parts cut a transpose's tiles (128 source rows; a 4096-wide BF16
-// row is 8 KiB, so 512 KiB would be 64 rows) and cost more CPU than the overlap saves: with
-// 2 MiB the transpose took the CPU it took without bands (measured in process).
-const rectangleBandBytes = 2 << 20
-
 // bandsFiles is whether span reads may be read in bands: the store writes sections from files,
 // which a section reads with one open however it is consumed. An object store's read is one
 // ranged request, and a cache's section holds chunks already in memory: those are read whole.
@@ -824,16 +813,16 @@ func (e *Executor) bandsFiles() bool {
 	return e.sectioner != nil && e.sectioner.SectionMemory(bandBytes) == 0
 }
 
-// bandsOf cuts kernels into bands of size source bytes in the order their source bytes are read (by file,
+// bandsOf cuts kernels into bands of bandBytes in the order their source bytes are read (by file,
 // then by where they end); nil when a kernel cannot be cut (a completion), or there are none.
-func bandsOf(kernels []planner.Kernel, size int64) []planner.Band {
+func bandsOf(kernels []planner.Kernel) []planner.Band {
 	var bands []planner.Band
 	for _, k := range kernels {
 		b, ok := k.(planner.Bander)
 		if !ok {
 			return nil
 		}
-		bands = b.Bands(size, bands)
+		bands = b.Bands(bandBytes, bands)
 	}
 	slices.SortStableFunc(bands, func(a, b planner.Band) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), cmp.Compare(a.End, b.End))
@@ -964,9 +953,9 @@ func (b *bandReader) ReadFrom(r io.Reader) (int64, error) {
 // the first of them starts, into a buffer charged to the whole budget together with the window of
 // segment buffers produced from it (which then take nothing more from the budget: a stream holding
 // a rectangle never waits on the budget for its segments, which would deadlock streams that hold
-// rectangles), not to the stream's share; given back once the last segment is written. A
-// rectangle of local files is read in bands, and its segments' kernels run on each part as soon
-// as the rectangle is read that far.
+// rectangles), not to the stream's share; given back once the last segment is written. Its reads
+// run in parallel and its segments' kernels once all are in: read in bands with the kernels
+// started on each, it measured no faster (docs/performance.md).
 type rectangle struct {
 	reads   []planner.Read
 	bytes   int64 // its charge
@@ -975,79 +964,30 @@ type rectangle struct {
 	buf     *[]byte
 	err     error
 	left    atomic.Int64 // segments not yet done with it
-
-	mu    sync.Mutex
-	at    filled        // how far its reads are read
-	moved chan struct{} // closed when at moves
 }
 
-func newRectangle(reads []planner.Read) *rectangle {
-	return &rectangle{reads: reads, ready: make(chan struct{}), moved: make(chan struct{})}
-}
-
-// readRectangle reads a rectangle's reads, in bands or in parallel, then marks it ready.
+// readRectangle reads a rectangle's reads in parallel, then marks it ready.
 func (e *Executor) readRectangle(ctx context.Context, r *rectangle) {
 	defer close(r.ready)
 	last := r.reads[len(r.reads)-1]
 	r.buf = getBuf(last.Dst + last.Length)
 	into := (*r.buf)[:last.Dst+last.Length]
-	if e.bandsFiles() {
-		r.err = e.readBanded(ctx, r.reads, into, func(at filled) error {
-			r.mu.Lock()
-			r.at = at
-			close(r.moved)
-			r.moved = make(chan struct{})
-			r.mu.Unlock()
-			return nil
-		})
-		return
-	}
 	g, gctx := errgroup.WithContext(ctx)
 	e.readAll(g, gctx, r.reads, into)
 	r.err = g.Wait()
 }
 
-// wait waits until the rectangle holds band's bytes — all of it, for no band — or fails.
-func (r *rectangle) wait(ctx context.Context, band *planner.Band) error {
-	for {
-		r.mu.Lock()
-		ok := band != nil && r.at.covers(r.reads, band.Key, band.End)
-		moved := r.moved
-		r.mu.Unlock()
-		if ok {
-			return nil
-		}
-		select {
-		case <-moved:
-		case <-r.ready:
-			return r.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+// wait waits until the rectangle is read; its files are then its reads' bytes.
+func (r *rectangle) wait(ctx context.Context) (planner.Files, error) {
+	select {
+	case <-r.ready:
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-}
-
-// files finds the kernels' bytes in the rectangle's buffer.
-func (r *rectangle) files() planner.Files { return planner.SpanFiles(r.reads, (*r.buf)[:cap(*r.buf)]) }
-
-// runBands runs a segment's kernels from its rectangle: each band once the rectangle holds its
-// bytes, or without bands all of them once it is read.
-func runBands(ctx context.Context, bands []planner.Band, kernels []planner.Kernel, out []byte, r *rectangle) error {
-	if bands == nil {
-		if err := r.wait(ctx, nil); err != nil {
-			return err
-		}
-		return runKernels(kernels, out, r.files())
+	if r.err != nil {
+		return nil, r.err
 	}
-	for i := range bands {
-		if err := r.wait(ctx, &bands[i]); err != nil {
-			return err
-		}
-		if err := runKernels([]planner.Kernel{bands[i].Kernel}, out, r.files()); err != nil {
-			return err
-		}
-	}
-	return nil
+	return planner.SpanFiles(r.reads, (*r.buf)[:cap(*r.buf)]), nil
 }
 
 // doneWith marks one of a rectangle's segments done with it; the last gives back its buffer and
