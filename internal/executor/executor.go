@@ -729,45 +729,38 @@ func discard(r result) {
 
 // gather fills one segment's buffer: fill value, direct reads into place, span reads into the
 // gather buffer (or its rectangle's), then the kernels. Every read is one request: the plan cut
-// them to the store's read size. Spans of local files are read in bands instead (bandBytes),
-// each band's parts of the kernels run right after it is read.
+// them to the store's read size. Spans of local files are read in bands instead (bandBytes)
+// into a window that holds what the kernels' next parts read, each part run right after its
+// bytes are in.
 func (e *Executor) gather(ctx context.Context, seg *planner.Segment, rect *rectangle) (*[]byte, error) {
 	buf := getBuf(seg.Bytes)
 	out := (*buf)[:seg.Bytes]
 	if seg.Fill != nil {
 		tensor.Fill(out, seg.Fill)
 	}
-	var spans []byte
-	if n := len(seg.Spans); n > 0 {
-		last := seg.Spans[n-1]
-		pooled := getBuf(last.Dst + last.Length)
-		defer putBuf(pooled)
-		spans = (*pooled)[:last.Dst+last.Length]
-	}
 	if len(seg.Kernels) > 0 {
 		_, span := e.tracer.Start(ctx, "gather", trace.WithAttributes(attribute.Int("kernels", len(seg.Kernels)),
 			attribute.Int64("bytes", seg.Bytes)))
 		defer span.End()
 	}
+	var spanBytes int64 // what the span reads read, laid out one after another
+	if n := len(seg.Spans); n > 0 {
+		spanBytes = seg.Spans[n-1].Dst + seg.Spans[n-1].Length
+	}
+	window := min(2*bandBytes, spanBytes)
 	var bands []planner.Band
 	if rect == nil && e.bandsFiles() {
-		bands = bandsOf(seg.Kernels)
+		bands = bandsOf(seg.Kernels, window/2)
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	e.readAll(g, gctx, seg.Direct, out)
 	var err error
 	if bands != nil {
-		files := planner.SpanFiles(seg.Spans, spans)
-		run := func(at filled) error {
-			var err error
-			bands, err = runReady(bands, at, seg.Spans, out, files)
-			return err
-		}
-		if err = e.readBanded(ctx, seg.Spans, spans, run); err == nil {
-			err = run(filled{read: len(seg.Spans)}) // what no band was left to run
-		}
-		err = errors.Join(err, g.Wait())
+		err = errors.Join(e.readBanded(ctx, seg.Spans, bands, out, window), g.Wait())
 	} else {
+		pooled := getBuf(spanBytes)
+		defer putBuf(pooled)
+		spans := (*pooled)[:spanBytes]
 		e.readAll(g, gctx, seg.Spans, spans)
 		files := planner.SpanFiles(seg.Spans, spans)
 		if err = g.Wait(); err == nil && rect != nil {
@@ -800,10 +793,12 @@ func runKernels(kernels []planner.Kernel, out []byte, files planner.Files) error
 	return nil
 }
 
-// bandBytes is how much source a banded read reads before the kernels run on it: the band and
-// what the kernels write from it stay in one core's L2 cache (1.25 MiB on this machine's Xeon)
-// between the read and the kernels, where the whole gather buffer of a segment (MiBs) went back
-// to memory first. A band is no request of its own: a file's reads of one segment are one section.
+// bandBytes is how much source a banded read reads before the kernels run on it, and the most a
+// part of a kernel may read. The read's bytes land in a window of twice that (or of the segment's
+// span bytes, when fewer: what it is charged for), reused band after band, so the read's stores, the kernels' loads and what the kernels write from them stay in
+// one core's L2 cache (1.25 MiB on this machine's Xeon); read whole, a segment's gather buffer
+// (MiBs) went through memory twice first. A band is no request of its own: a file's reads of
+// one segment are one section.
 const bandBytes = 512 << 10
 
 // bandsFiles is whether span reads may be read in bands: the store writes sections from files,
@@ -813,16 +808,23 @@ func (e *Executor) bandsFiles() bool {
 	return e.sectioner != nil && e.sectioner.SectionMemory(bandBytes) == 0
 }
 
-// bandsOf cuts kernels into bands of bandBytes in the order their source bytes are read (by file,
-// then by where they end); nil when a kernel cannot be cut (a completion), or there are none.
-func bandsOf(kernels []planner.Kernel) []planner.Band {
+// bandsOf cuts kernels into parts of at most most bytes of source (from a part's first byte to
+// its last) in the order their bytes are read (by file, then by where they end); nil when a
+// kernel cannot be cut (a completion), or a part reads more (a dimension inside the one cut spans
+// more), or there are none.
+func bandsOf(kernels []planner.Kernel, most int64) []planner.Band {
 	var bands []planner.Band
 	for _, k := range kernels {
 		b, ok := k.(planner.Bander)
 		if !ok {
 			return nil
 		}
-		bands = b.Bands(bandBytes, bands)
+		bands = b.Bands(most, bands)
+	}
+	for _, b := range bands {
+		if b.End-b.Start > most {
+			return nil
+		}
 	}
 	slices.SortStableFunc(bands, func(a, b planner.Band) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), cmp.Compare(a.End, b.End))
@@ -830,8 +832,8 @@ func bandsOf(kernels []planner.Kernel) []planner.Band {
 	return bands
 }
 
-// filled is how far reads sorted by file and offset (a segment's spans, a rectangle's) are read:
-// all of reads[:read], and done bytes of reads[read].
+// filled is how far reads sorted by file and offset are read: all of reads[:read], and done
+// bytes of reads[read].
 type filled struct {
 	read int
 	done int64
@@ -846,23 +848,15 @@ func (f filled) covers(reads []planner.Read, key string, end int64) bool {
 	return r.Key > key || r.Key == key && r.Offset+f.done >= end
 }
 
-// runReady runs the bands at the front whose bytes reads have read up to at, and returns the rest.
-func runReady(bands []planner.Band, at filled, reads []planner.Read, out []byte,
-	files planner.Files,
-) ([]planner.Band, error) {
-	for len(bands) > 0 && at.covers(reads, bands[0].Key, bands[0].End) {
-		if err := runKernels([]planner.Kernel{bands[0].Kernel}, out, files); err != nil {
-			return bands, err
-		}
-		bands = bands[1:]
-	}
-	return bands, nil
-}
-
-// readBanded reads reads (sorted by file and offset) into buf at their Dst through a section of
-// each file, bandBytes at a time, and calls reached after each band with how far they are read.
-func (e *Executor) readBanded(ctx context.Context, reads []planner.Read, buf []byte, reached func(filled) error) error {
-	in := &bandReader{ctx: ctx, reads: reads, buf: buf, reached: reached}
+// readBanded reads a segment's span reads (sorted by file and offset) through a section of each
+// file, bandBytes at a time, into a window of window bytes (twice what a part reads at most), and
+// after each band runs the kernels' parts whose bytes are all in, in order; then any left.
+func (e *Executor) readBanded(ctx context.Context, reads []planner.Read, bands []planner.Band, out []byte,
+	window int64,
+) error {
+	pooled := getBuf(window)
+	defer putBuf(pooled)
+	in := &bandReader{ctx: ctx, reads: reads, bands: bands, out: out, window: (*pooled)[:window]}
 	for at := 0; at < len(reads); {
 		k := at + 1
 		for k < len(reads) && reads[k].Key == reads[at].Key && reads[k].Version == reads[at].Version {
@@ -885,35 +879,82 @@ func (e *Executor) readBanded(ctx context.Context, reads []planner.Read, buf []b
 		}
 		at = k
 	}
-	return nil
+	return in.run()
 }
 
-// bandReader is the writer a banded read's sections write to: it lays their bytes out in buf as
-// the reads say, and reads a file handed to ReadFrom straight into place, a band at a time.
+// bandReader is the writer a banded read's sections write to. Its window holds the bytes of one
+// file from offset lo to hi; a byte goes in at its offset less lo (what lies between two reads is
+// left as it was: no part reads it), and once the window is full it slides forward to the first
+// byte a part not yet run reads. A file handed to ReadFrom is read straight into place.
 type bandReader struct {
-	ctx     context.Context // a stream stopped stops its reads between bands
-	reads   []planner.Read
-	buf     []byte
-	at      filled
-	reached func(filled) error
+	ctx    context.Context // a stream stopped stops its reads between bands
+	reads  []planner.Read
+	at     filled
+	bands  []planner.Band // the parts not yet run
+	out    []byte
+	window []byte
+	key    string
+	lo, hi int64
 }
 
-// rest is the part of buf the next bytes go to: what is left of the read being filled.
-func (b *bandReader) rest() []byte {
+// place is where the next bytes go, at most n of them: the window's room at their file offset,
+// no further than the read being filled.
+func (b *bandReader) place(n int) []byte {
 	r := &b.reads[b.at.read]
-	return b.buf[r.Dst+b.at.done : r.Dst+r.Length]
+	off := r.Offset + b.at.done
+	if r.Key != b.key {
+		b.key, b.lo, b.hi = r.Key, off, off
+	}
+	if off-b.lo+int64(n) > int64(len(b.window)) {
+		lo := off
+		for _, band := range b.bands {
+			if band.Key == b.key {
+				lo = min(lo, band.Start)
+			}
+		}
+		if lo < b.hi {
+			copy(b.window, b.window[lo-b.lo:b.hi-b.lo])
+		} else {
+			b.hi = lo
+		}
+		b.lo = lo
+	}
+	// A part not yet run reads at most half the window, and bytes past off: the other half is
+	// free.
+	at := off - b.lo
+	return b.window[at : at+min(int64(n), int64(len(b.window))-at, r.Length-b.at.done)]
 }
 
-// advance counts n bytes filled and reports how far that reaches.
+// advance counts n bytes placed and runs the parts they complete.
 func (b *bandReader) advance(n int) error {
 	b.at.done += int64(n)
+	b.hi = b.reads[b.at.read].Offset + b.at.done
 	for b.at.read < len(b.reads) && b.at.done == b.reads[b.at.read].Length {
 		b.at = filled{read: b.at.read + 1}
 	}
 	if err := b.ctx.Err(); err != nil {
 		return err
 	}
-	return b.reached(b.at)
+	return b.run()
+}
+
+// run runs the parts at the front whose bytes are all in.
+func (b *bandReader) run() error {
+	for len(b.bands) > 0 && b.at.covers(b.reads, b.bands[0].Key, b.bands[0].End) {
+		if err := runKernels([]planner.Kernel{b.bands[0].Kernel}, b.out, b.files); err != nil {
+			return err
+		}
+		b.bands = b.bands[1:]
+	}
+	return nil
+}
+
+// files finds the parts' bytes in the window.
+func (b *bandReader) files(key string) tensor.Source {
+	if key != b.key {
+		return tensor.BytesSource{}
+	}
+	return tensor.BytesSource{Off: b.lo, Data: b.window[:b.hi-b.lo]}
 }
 
 func (b *bandReader) Write(p []byte) (int, error) {
@@ -922,7 +963,7 @@ func (b *bandReader) Write(p []byte) (int, error) {
 		if b.at.read == len(b.reads) {
 			return n, errors.New("internal error: a section wrote more than its ranges")
 		}
-		m := copy(b.rest(), p[n:])
+		m := copy(b.place(len(p)-n), p[n:])
 		n += m
 		if err := b.advance(m); err != nil {
 			return n, err
@@ -934,8 +975,7 @@ func (b *bandReader) Write(p []byte) (int, error) {
 func (b *bandReader) ReadFrom(r io.Reader) (int64, error) {
 	var n int64
 	for b.at.read < len(b.reads) {
-		into := b.rest()
-		m, err := io.ReadFull(r, into[:min(len(into), bandBytes)])
+		m, err := io.ReadFull(r, b.place(bandBytes))
 		n += int64(m)
 		if m > 0 {
 			if err := b.advance(m); err != nil {

@@ -11,20 +11,20 @@ import (
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
 
-// before is a source that holds the bytes of data (at file offset off) before end only.
-type before struct {
+// within is a source that holds the bytes of data from start and before end only.
+type within struct {
 	tensor.BytesSource
-	end int64
+	start, end int64
 }
 
-func (b before) Slice(off, n int64) []byte {
-	if off+n > b.end {
+func (b within) Slice(off, n int64) []byte {
+	if off < b.start || off+n > b.end {
 		return nil
 	}
 	return b.BytesSource.Slice(off, n)
 }
 
-// A strided copy's bands, each given only the source bytes before its End, write together what
+// A strided copy's bands, each given only the source bytes from its Start to its End, write together what
 // the whole copy writes, and end in the order they come in: random views (permuted, stepped,
 // broadcast dimensions) of random sources, converted or not, cut into bands of random sizes.
 func TestBandsWriteWhatTheCopyWritesFromBytesBeforeTheirEnds(t *testing.T) {
@@ -85,13 +85,17 @@ func TestBandsWriteWhatTheCopyWritesFromBytesBeforeTheirEnds(t *testing.T) {
 		if len(bands) > 1 {
 			cut++
 		}
+		if bands[0].Start != begin {
+			t.Fatalf("seed %d: the first band of %v starts at %d, not at the copy's first byte %d", seed, layout,
+				bands[0].Start, begin)
+		}
 		got := make([]byte, stride)
 		for i, b := range bands {
 			if b.Key != "f" || i > 0 && b.End < bands[i-1].End {
 				t.Fatalf("seed %d: band %d of %v ends at %s@%d, after one at %d", seed, i, layout, b.Key, b.End,
 					bands[max(i-1, 0)].End)
 			}
-			if err := b.Kernel.Run(got, func(string) tensor.Source { return before{whole, b.End} }); err != nil {
+			if err := b.Kernel.Run(got, func(string) tensor.Source { return within{whole, b.Start, b.End} }); err != nil {
 				t.Fatalf("seed %d: band %d of %v (bands of %d bytes): %v", seed, i, layout, size, err)
 			}
 		}

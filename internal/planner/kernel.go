@@ -29,11 +29,11 @@ type Bander interface {
 	Bands(size int64, dst []Band) []Band
 }
 
-// Band is a part of a kernel that reads bytes of file Key before offset End only.
+// Band is a part of a kernel that reads bytes of file Key from offset Start and before End only.
 type Band struct {
-	Key    string
-	End    int64
-	Kernel Kernel
+	Key        string
+	Start, End int64
+	Kernel     Kernel
 }
 
 // Files finds a file's bytes, by store key, among those read for a segment.
@@ -104,11 +104,11 @@ func (c *stridedCopy) Bands(size int64, dst []Band) []Band {
 		}
 	}
 	if c.nibbles || cut < 0 || l.Lengths[cut]*l.Src[cut] <= size {
-		end := c.src + extent
+		start, end := c.src, c.src+extent
 		if c.nibbles {
-			end = (c.src + extent + 1) / 2
+			start, end = c.src/2, (c.src+extent+1)/2
 		}
-		return append(dst, Band{Key: c.source.Key, End: end, Kernel: c})
+		return append(dst, Band{Key: c.source.Key, Start: start, End: end, Kernel: c})
 	}
 	rows, step := l.Lengths[cut], l.Src[cut]
 	per := max(1, size/step)
@@ -117,7 +117,8 @@ func (c *stridedCopy) Bands(size int64, dst []Band) []Band {
 		part.Lengths[cut] = min(per, rows-at)
 		sub := &stridedCopy{pipeline: c.pipeline, source: c.source, src: c.src + at*step, dst: c.dst + at*l.Dst[cut],
 			layout: part.Simplify()}
-		dst = append(dst, Band{Key: c.source.Key, End: sub.src + extent - (rows-part.Lengths[cut])*step, Kernel: sub})
+		dst = append(dst, Band{Key: c.source.Key, Start: sub.src, End: sub.src + extent - (rows-part.Lengths[cut])*step,
+			Kernel: sub})
 	}
 	return dst
 }
