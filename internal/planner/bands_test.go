@@ -24,9 +24,10 @@ func (b within) Slice(off, n int64) []byte {
 	return b.BytesSource.Slice(off, n)
 }
 
-// A strided copy's bands, each given only the source bytes from its Start to its End, write together what
-// the whole copy writes, and end in the order they come in: random views (permuted, stepped,
-// broadcast dimensions) of random sources, converted or not, cut into bands of random sizes.
+// A strided copy's bands, each given only the source bytes from its Start to its End, write
+// together what the whole copy writes, and end in the order they come in: random views (permuted,
+// stepped, broadcast dimensions) of random sources, converted or not, cut into bands of random
+// sizes.
 func TestBandsWriteWhatTheCopyWritesFromBytesBeforeTheirEnds(t *testing.T) {
 	pairs := [][2]tensor.DType{{tensor.BF16, tensor.BF16}, {tensor.BF16, tensor.F32}, {tensor.F8E4M3, tensor.BF16},
 		{tensor.F32, tensor.F32}, {tensor.U8, tensor.U8}}
