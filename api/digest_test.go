@@ -258,3 +258,21 @@ func TestNoDigestDeclinesIt(t *testing.T) {
 		t.Fatalf("declined, flipped: %+v, %v", got, err)
 	}
 }
+
+// A client that declined the digest still checks one the server sends anyway (one that ignores
+// Want-Repr-Digest): it hashes only then.
+func TestNoDigestChecksADigestSentAnyway(t *testing.T) {
+	other := sha256.Sum256([]byte("another body"))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Repr-Digest", "sha-256=:"+base64.StdEncoding.EncodeToString(other[:])+":")
+		io.WriteString(w, "this body")
+	}))
+	t.Cleanup(srv.Close)
+	c := api.NewClient(srv.URL)
+	c.NoDigest = true
+	c.Attempts = 1
+	var de *api.DigestError
+	if _, err := c.FetchBytes(context.Background(), &api.ShardRequest{Checkpoint: "any"}); !errors.As(err, &de) {
+		t.Fatalf("a wrong digest sent to a client that declined it: %v", err)
+	}
+}

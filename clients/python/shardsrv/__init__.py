@@ -221,11 +221,30 @@ def _check_digest(header, trailer, got):
     return value
 
 
+class _Unhashed:
+    """The hash of a body whose digest the client declined and the server does not send: SHA-256
+    would cost about a core's worth of a fast download for nothing."""
+
+    def update(self, _):
+        pass
+
+
+def _hasher(res, wanted):
+    """What a body is hashed into: SHA-256 when the client wants the digest, or when the server
+    sends one anyway (a header, or a trailer it announces), which is then checked all the same."""
+    announced = "repr-digest" in (res.headers.get("Trailer") or "").lower()
+    if wanted or announced or res.headers.get_all("Repr-Digest"):
+        return hashlib.sha256()
+    return _Unhashed()
+
+
 def _verify(res, hashed):
     """Checks the body, read to its end and hashed into hashed, against its Repr-Digest header or
     trailer. Returns the digest it matched ("sha-256=:BASE64:"), or None when there was none to
     check: the client declined it, the server sent none, or none names sha-256."""
     global _warned_no_trailers
+    if isinstance(hashed, _Unhashed):
+        return None
     trailers = getattr(res, "trailers", None)
     if trailers is None and getattr(res, "chunked", False) and not _warned_no_trailers:
         # A chunked body read to its end went through the hook, unless this Python no longer calls it.
@@ -445,7 +464,7 @@ class Client:
         """The body of a response, as a bytearray, and the digest it matched (or None)."""
         def attempt():
             with self._open(method, path, body) as res:
-                hashed = hashlib.sha256()
+                hashed = _hasher(res, self.digest)
                 total = _length(res)
                 if total >= 0:
                     buf = bytearray(total)
@@ -480,7 +499,7 @@ class Client:
                 total = _length(res)
                 if total > len(view):
                     raise ValueError(f"shardsrv: the shard is {total} bytes; the buffer holds {len(view)}")
-                hashed = hashlib.sha256()
+                hashed = _hasher(res, self.digest)
                 n = _read_into(res, view, total, progress, hashed)
                 return n, _verify(res, hashed)
         return self._retry("POST /v1/shards", attempt)
@@ -499,7 +518,7 @@ class Client:
             try:
                 with self._open("POST", "/v1/shards", request) as res:
                     total = _length(res)
-                    hashed = hashlib.sha256()
+                    hashed = _hasher(res, self.digest)
                     while n := res.readinto(chunk):
                         out.write(chunk[:n])
                         hashed.update(chunk[:n])
@@ -529,7 +548,7 @@ class Client:
                 if total >= 0 and total != nbytes:
                     raise ValueError(f"shardsrv: the shard is {total} bytes, not the {nbytes} its parts hold")
                 total = nbytes
-                hashed = hashlib.sha256()
+                hashed = _hasher(res, self.digest)
                 done = 0
                 for view, filled in parts():
                     n = len(view)

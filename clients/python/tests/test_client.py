@@ -797,6 +797,18 @@ class Digests(unittest.TestCase):
         self.assertEqual(shardsrv.Client(s.url).fetch_verified(self.REQ), (self.BODY, sha256_field(self.BODY)))
         self.assertIsNone(s.headers[1].get("Want-Repr-Digest"))
 
+    def test_declining_still_checks_a_digest_sent_anyway(self):
+        """A server that ignores Want-Repr-Digest: what it sends is checked, trailer or header."""
+        wrong = sha256_field(b"wrong")
+        header = (200, {"Shard-Length": "10", "Content-Length": "10", "Repr-Digest": wrong}, self.BODY)
+        for response in (self.shard(digest=wrong), header):
+            c = shardsrv.Client(self.serve(response, response, response, response).url, digest=False, attempts=1)
+            for fetch in (lambda: c.fetch(self.REQ), lambda: c.fetch_into(self.REQ, bytearray(10)),
+                          lambda: c.fetch_into(self.REQ, io.BytesIO()),
+                          lambda: c.fetch_into_parts(self.REQ, 10, lambda: [(memoryview(bytearray(10)), None)])):
+                with self.subTest(response=response[1], fetch=fetch), self.assertRaises(shardsrv.DigestError):
+                    fetch()
+
     def test_without_the_trailer_hook_the_length_is_still_checked(self):
         """A Python whose http.client no longer calls _read_and_discard_trailer: no digest, a warning."""
         s = self.serve(self.shard(digest=sha256_field(b"wrong")), self.shard(digest=sha256_field(b"wrong")))
