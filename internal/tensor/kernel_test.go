@@ -184,3 +184,24 @@ func TestE4M3ToBF16MatchesTheBatchPath(t *testing.T) {
 		}
 	}
 }
+
+// BF16 to F32 (the vector kernel where the CPU has one, then the word loop) gives the word loop's
+// bytes for every length around the vector block.
+func TestBF16ToF32MatchesTheWordLoop(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	p, _ := NewPipeline(BF16, nil, F32)
+	for n := range 200 {
+		src := make([]byte, 2*n)
+		for i := range src {
+			src[i] = byte(r.IntN(256))
+		}
+		want, got := make([]byte, 4*n), make([]byte, 4*n)
+		if n > 0 {
+			bf16ToF32Words(view[uint32](want), view[uint16](src), 1)
+		}
+		p.Run(got, 4, src, 2, n)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%d elements: differs from the word loop", n)
+		}
+	}
+}

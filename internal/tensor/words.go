@@ -49,10 +49,11 @@ func (p *Pipeline) wordKernel(dst []byte, ds int, src []byte, ss int, n int) boo
 		if len(src) < (n-1)*ss+2 || len(dst) < 4*n {
 			return false
 		}
-		s, d, step := view[uint16](src), view[uint32](dst)[:n], ss/2
-		for i := range d {
-			d[i] = uint32(s[i*step]) << 16
+		done := 0
+		if ss == 2 {
+			done = bf16ToF32Vector(dst[:4*n], src[:2*n])
 		}
+		bf16ToF32Words(view[uint32](dst)[done:n], view[uint16](src)[done*ss/2:], ss/2)
 	case p.fastF32ToBF16 && ss%4 == 0 && ds == 2 && aligned(src, 4) && aligned(dst, 2):
 		if len(src) < (n-1)*ss+4 || len(dst) < 2*n {
 			return false
@@ -71,6 +72,14 @@ func (p *Pipeline) wordKernel(dst []byte, ds int, src []byte, ss int, n int) boo
 		return false
 	}
 	return true
+}
+
+// bf16ToF32Words widens every step-th BF16 of s into d: the portable loop, and the reference the
+// vector kernel is tested against.
+func bf16ToF32Words(d []uint32, s []uint16, step int) {
+	for i := range d {
+		d[i] = uint32(s[i*step]) << 16
+	}
 }
 
 // gather copies every step-th word of s into d.

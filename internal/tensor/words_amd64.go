@@ -36,3 +36,19 @@ func e4m3ToBF16Vector(dst, src []byte) int {
 	e4m3ToBF16AVX2(&dst[0], &src[0], blocks)
 	return blocks * 16
 }
+
+// bf16ToF32AVX2 widens blocks × 16 BF16 of src to F32 in dst.
+//
+//go:noescape
+func bf16ToF32AVX2(dst, src *byte, blocks int)
+
+// bf16ToF32Vector widens what it can of src (BF16) into dst (F32) with AVX2, 16 a step, and
+// returns how many it widened.
+func bf16ToF32Vector(dst, src []byte) int {
+	blocks := min(len(dst)/64, len(src)/32)
+	if !hasAVX2 || blocks == 0 {
+		return 0
+	}
+	bf16ToF32AVX2(&dst[0], &src[0], blocks)
+	return blocks * 16
+}

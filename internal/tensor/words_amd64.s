@@ -90,3 +90,29 @@ loop:
 done:
 	VZEROUPPER
 	RET
+
+// func bf16ToF32AVX2(dst, src *byte, blocks int)
+// Each block: 16 BF16 (32 bytes of src) to 16 F32 (64 bytes of dst), each zero-extended to 32
+// bits and shifted into the high half.
+TEXT ·bf16ToF32AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ blocks+16(FP), CX
+
+loop:
+	TESTQ CX, CX
+	JZ done
+	VPMOVZXWD (SI), Y0
+	VPMOVZXWD 16(SI), Y1
+	VPSLLD $16, Y0, Y0
+	VPSLLD $16, Y1, Y1
+	VMOVDQU Y0, (DI)
+	VMOVDQU Y1, 32(DI)
+	ADDQ $32, SI
+	ADDQ $64, DI
+	DECQ CX
+	JMP loop
+
+done:
+	VZEROUPPER
+	RET
