@@ -276,7 +276,7 @@ func TestClusterSurvivesAReplicaKilledMidFanIn(t *testing.T) {
 	c := newS3Cluster(t, 3)
 	file, data := c.putWeight("m", 2)
 	// S3's first-byte latency, so the kill lands while storage reads are under way, as it would.
-	c.proxy.Decide = func(int, *http.Request) s3test.Fault { time.Sleep(20 * time.Millisecond); return s3test.Pass }
+	c.proxy.SetDecide(func(int, *http.Request) s3test.Fault { time.Sleep(20 * time.Millisecond); return s3test.Pass })
 	before := c.origin()
 	c.fanIn("m", data, func() { c.kill(2) })
 	ratio := float64(c.origin()-before) / float64(len(file))
@@ -314,12 +314,12 @@ func TestClusterNeverMixesVersions(t *testing.T) {
 	_, old := c.putWeight("m", 5)
 	// The object is replaced once the first chunks came from storage, before the others are read.
 	gate := make(chan struct{})
-	c.proxy.Decide = func(n int, _ *http.Request) s3test.Fault {
+	c.proxy.SetDecide(func(n int, _ *http.Request) s3test.Fault {
 		if n > 4 {
 			<-gate
 		}
 		return s3test.Pass
-	}
+	})
 	var replaced atomic.Bool
 	var newData []byte
 	var statuses sync.Map

@@ -204,18 +204,18 @@ func (e *faultEnv) expectProblem(t *testing.T, status int, mentions ...string) s
 
 func TestS3SlowDownIsRetried(t *testing.T) {
 	e := faultServer(t, s3reader.Config{})
-	e.proxy.Decide = faultsOnData(map[int]s3test.Fault{1: s3test.SlowDown, 2: s3test.SlowDown, 4: s3test.SlowDown})
+	e.proxy.SetDecide(faultsOnData(map[int]s3test.Fault{1: s3test.SlowDown, 2: s3test.SlowDown, 4: s3test.SlowDown}))
 	e.expectBytes(t, e.data)
 }
 
 func TestS3SlowDownEverywhereIs503(t *testing.T) {
 	e := faultServer(t, s3reader.Config{Tunables: objstore.Tunables{RetryBudget: 500 * time.Millisecond}})
-	e.proxy.Decide = func(_ int, r *http.Request) s3test.Fault {
+	e.proxy.SetDecide(func(_ int, r *http.Request) s3test.Fault {
 		if dataRead(r) {
 			return s3test.SlowDown
 		}
 		return s3test.Pass
-	}
+	})
 	_, hdr, _, _ := e.fetch(t)
 	if hdr.Get("Retry-After") == "" {
 		t.Error("a 503 says when to retry")
@@ -231,14 +231,14 @@ func TestS3BrokenBodiesResumeWhereTheyStopped(t *testing.T) {
 	begin, segment := int64(len(headerOf(e.data))), int64(64<<10)
 	faults := map[int64]s3test.Fault{begin: s3test.Reset, begin + 2*segment: s3test.Truncate}
 	var mu sync.Mutex
-	e.proxy.Decide = func(_ int, r *http.Request) s3test.Fault {
+	e.proxy.SetDecide(func(_ int, r *http.Request) s3test.Fault {
 		from := rangeStart(r.Header.Get("Range"))
 		mu.Lock()
 		defer mu.Unlock()
 		f := faults[from]
 		delete(faults, from)
 		return f
-	}
+	})
 	e.expectBytes(t, e.data)
 	for _, c := range []struct {
 		from  int64
@@ -268,18 +268,18 @@ func rangeStart(r string) int64 {
 
 func TestS3StalledReadIsRetried(t *testing.T) {
 	e := faultServer(t, s3reader.Config{Tunables: objstore.Tunables{ReadTimeout: 300 * time.Millisecond}})
-	e.proxy.Decide = faultsOnData(map[int]s3test.Fault{2: s3test.Stall})
+	e.proxy.SetDecide(faultsOnData(map[int]s3test.Fault{2: s3test.Stall}))
 	e.expectBytes(t, e.data)
 }
 
 func TestS3StalledStoreTimesOutWithin(t *testing.T) {
 	e := faultServer(t, s3reader.Config{Tunables: objstore.Tunables{ReadTimeout: 200 * time.Millisecond, RetryBudget: time.Second}})
-	e.proxy.Decide = func(_ int, r *http.Request) s3test.Fault {
+	e.proxy.SetDecide(func(_ int, r *http.Request) s3test.Fault {
 		if dataRead(r) {
 			return s3test.Stall
 		}
 		return s3test.Pass
-	}
+	})
 	// A 504 at all is the store giving up at its budget: past it, the fetch's deadline fires.
 	e.expectProblem(t, 504, "s3://"+e.bucket)
 }
@@ -293,7 +293,7 @@ func TestS3ObjectReplacedMidLoad(t *testing.T) {
 	secondSegment := fmt.Sprintf("bytes=%d-", len(headerOf(e.data))+64<<10)
 	headers := make(chan struct{})
 	var once, once2 sync.Once
-	e.proxy.Decide = func(n int, r *http.Request) s3test.Fault {
+	e.proxy.SetDecide(func(n int, r *http.Request) s3test.Fault {
 		if strings.HasPrefix(r.Header.Get("Range"), secondSegment) {
 			once.Do(func() {
 				<-headers
@@ -301,7 +301,7 @@ func TestS3ObjectReplacedMidLoad(t *testing.T) {
 			})
 		}
 		return s3test.Pass
-	}
+	})
 	status, _, body, err := e.fetchThen(t, func() { close(headers) })
 	if status != 200 || err == nil || len(body) >= len(e.data) {
 		t.Fatalf("status %d, %d bytes, err %v: want a short body and an error", status, len(body), err)
@@ -310,18 +310,18 @@ func TestS3ObjectReplacedMidLoad(t *testing.T) {
 		t.Fatal("the bytes sent before the abort must be the old version's")
 	}
 	// The cached metadata was dropped: the next request serves the new version whole.
-	e.proxy.Decide = nil
+	e.proxy.SetDecide(nil)
 	e.expectBytes(t, replaced)
 	// Replaced between the catalog's look and the first data read: a clean 409 before any byte,
 	// and the request after it serves the new version.
-	e.proxy.Decide = func(n int, r *http.Request) s3test.Fault {
+	e.proxy.SetDecide(func(n int, r *http.Request) s3test.Fault {
 		if dataRead(r) {
 			once2.Do(func() { e.g.PutErr(e.bucket, "m/model.safetensors", checkpointBytes(e.data)) })
 		}
 		return s3test.Pass
-	}
+	})
 	e.expectProblem(t, 409, "replaced")
-	e.proxy.Decide = nil
+	e.proxy.SetDecide(nil)
 	e.expectBytes(t, e.data)
 }
 

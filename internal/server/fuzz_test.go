@@ -111,7 +111,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 			MaxBodyBytes:   fuzzMaxBody,
 			MaxStreams:     4,
 			MaxBlocks:      100_000,
-			RequestTimeout: 5 * time.Second,
+			RequestTimeout: 30 * time.Second, // a hang guard: a -race run under load took over 5 s to stream one seed
 			BodyTimeout:    5 * time.Second,
 		},
 	})

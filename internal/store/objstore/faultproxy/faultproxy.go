@@ -47,10 +47,9 @@ func XMLError(w http.ResponseWriter, status int, code, msg string) {
 // kept.
 type Proxy struct {
 	URL string
-	// Decide picks the fault for the n-th ranged GET (from 1); nil passes everything.
-	Decide func(n int, r *http.Request) Fault
 
 	mu     sync.Mutex
+	decide func(n int, r *http.Request) Fault
 	n      int
 	Ranges []string // the range of every ranged GET, in order
 	server *httptest.Server
@@ -96,7 +95,7 @@ func Start(endpoint string, dialect Dialect) *Proxy {
 			p.n++
 			n := p.n
 			p.Ranges = append(p.Ranges, rng)
-			decide := p.Decide
+			decide := p.decide
 			p.mu.Unlock()
 			if decide != nil {
 				fault = decide(n, r)
@@ -122,6 +121,14 @@ func Start(endpoint string, dialect Dialect) *Proxy {
 	}))
 	p.URL = p.server.URL
 	return p
+}
+
+// SetDecide sets what picks the fault for the n-th ranged GET (from 1); nil passes everything.
+// Requests still in flight from an earlier stream may read it at any time.
+func (p *Proxy) SetDecide(decide func(n int, r *http.Request) Fault) {
+	p.mu.Lock()
+	p.decide = decide
+	p.mu.Unlock()
 }
 
 // Close stops the proxy.

@@ -108,13 +108,13 @@ func RunMatrix(t *testing.T, h Harness) {
 
 	t.Run("ThrottlingIsRetried", func(t *testing.T) {
 		f := h.fixture(t, timeout, budget)
-		f.proxy.Decide = nth(map[int]Fault{1: Throttle, 2: Throttle})
+		f.proxy.SetDecide(nth(map[int]Fault{1: Throttle, 2: Throttle}))
 		f.expectBytes(t)
 	})
 
 	t.Run("ThrottlingEverywhereIsUnavailable", func(t *testing.T) {
 		f := h.fixture(t, timeout, 500*time.Millisecond)
-		f.proxy.Decide = always(Throttle)
+		f.proxy.SetDecide(always(Throttle))
 		if _, err := f.read(t); !errors.Is(err, store.ErrUnavailable) {
 			t.Errorf("ReadAt: %v, want ErrUnavailable at the retry budget", err)
 		}
@@ -123,7 +123,7 @@ func RunMatrix(t *testing.T, h Harness) {
 	for name, fault := range map[string]Fault{"Reset": Reset, "Truncate": Truncate} {
 		t.Run("BrokenBodyResumes/"+name, func(t *testing.T) {
 			f := h.fixture(t, timeout, budget)
-			f.proxy.Decide = nth(map[int]Fault{1: fault})
+			f.proxy.SetDecide(nth(map[int]Fault{1: fault}))
 			f.expectBytes(t)
 			// The read after the break asks only for the missing tail: from half the body, or
 			// before it after a reset, which drops what the client had not read yet.
@@ -139,13 +139,13 @@ func RunMatrix(t *testing.T, h Harness) {
 
 	t.Run("StallIsRetried", func(t *testing.T) {
 		f := h.fixture(t, 300*time.Millisecond, budget)
-		f.proxy.Decide = nth(map[int]Fault{1: Stall})
+		f.proxy.SetDecide(nth(map[int]Fault{1: Stall}))
 		f.expectBytes(t)
 	})
 
 	t.Run("StalledStoreTimesOut", func(t *testing.T) {
 		f := h.fixture(t, 200*time.Millisecond, time.Second)
-		f.proxy.Decide = always(Stall)
+		f.proxy.SetDecide(always(Stall))
 		if _, err := f.read(t); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("ReadAt: %v, want DeadlineExceeded at the retry budget", err)
 		}
@@ -169,13 +169,13 @@ func RunMatrix(t *testing.T, h Harness) {
 		// version's tail must not be spliced onto the old one's head.
 		f := h.fixture(t, timeout, budget)
 		var once sync.Once
-		f.proxy.Decide = func(n int, _ *http.Request) Fault {
+		f.proxy.SetDecide(func(n int, _ *http.Request) Fault {
 			if n == 1 {
 				return Reset
 			}
 			once.Do(func() { h.Put(t, f.bucket, objectKey, pattern(objectSize, 3)) })
 			return Pass
-		}
+		})
 		if _, err := f.read(t); !errors.Is(err, store.ErrChanged) {
 			t.Errorf("ReadAt across a replacement: %v, want ErrChanged", err)
 		}
@@ -183,7 +183,7 @@ func RunMatrix(t *testing.T, h Harness) {
 
 	t.Run("ForbiddenIsPermissionDenied", func(t *testing.T) {
 		f := h.fixture(t, timeout, budget)
-		f.proxy.Decide = always(Forbidden)
+		f.proxy.SetDecide(always(Forbidden))
 		if _, err := f.read(t); !errors.Is(err, store.ErrPermissionDenied) {
 			t.Errorf("ReadAt: %v, want ErrPermissionDenied", err)
 		}
