@@ -795,9 +795,10 @@ func runKernels(kernels []planner.Kernel, out []byte, files planner.Files) error
 
 // bandBytes is how much source a banded read reads before the kernels run on it, and the most a
 // part of a kernel may read. The read's bytes land in a window of twice that (or of the segment's
-// span bytes, when fewer: what it is charged for), reused band after band, so the read's stores, the kernels' loads and what the kernels write from them stay in
-// one core's L2 cache (1.25 MiB on this machine's Xeon); read whole, a segment's gather buffer
-// (MiBs) went through memory twice first. A band is no request of its own: a file's reads of
+// span bytes, when fewer: what it is charged for), reused band after band, so the read's stores,
+// the kernels' loads and what the kernels write from them stay in one core's L2 cache (1.25 MiB
+// on this machine's Xeon); read whole, a segment's gather buffer (MiBs) went through memory twice
+// first. A band is no request of its own: a file's reads of
 // one segment are one section.
 const bandBytes = 512 << 10
 
