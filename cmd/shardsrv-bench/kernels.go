@@ -21,82 +21,56 @@ import (
 	"github.com/shardsrv/shardsrv/internal/tensor"
 )
 
-// kernelScenarios times the gather kernels alone against copy() of the same output size.
+// kernelScenarios times the gather kernels alone, each alternated with copy() of its output size.
 func kernelScenarios(r *report) {
 	const out = 64 << 20
 	src := randomBytes(2*out, 9)
 	dst := make([]byte, out)
-	run := func(f func()) []time.Duration { return timed(f) }
-	base := run(func() { copy(dst, src[:out]) })
-	kernel := func(from, to tensor.DType, ops []tensor.Op, s tensor.Strided) []time.Duration {
+	copyOf := func(n int64) func() { return func() { copy(dst[:n], src[:n]) } }
+	kernel := func(from, to tensor.DType, ops []tensor.Op, s tensor.Strided) func() {
 		p, err := tensor.NewPipeline(from, ops, to)
 		must(err)
 		in := tensor.BytesSource{Data: src}
-		return run(func() { must(tensor.Copy(p, dst, in, 0, s.Simplify())) })
+		return func() { must(tensor.Copy(p, dst, in, 0, s.Simplify())) }
 	}
 	const rowBytes = 8192 // 4096 BF16 per row
 	rows := int64(out / rowBytes)
-	strided := kernel(
-		tensor.BF16,
-		tensor.BF16,
-		nil,
-		tensor.Strided{Lengths: []int64{rows, 4096}, Src: []int64{2 * rowBytes, 2}, Dst: []int64{rowBytes, 2}},
-	)
-	everyOther := kernel(
-		tensor.BF16,
-		tensor.BF16,
-		nil,
-		tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{4}, Dst: []int64{2}},
-	)
 	const side = 4096 // a 4096 x 4096 BF16 transpose is 32 MiB
-	transpose := kernel(
-		tensor.BF16,
-		tensor.BF16,
-		nil,
-		tensor.Strided{Lengths: []int64{side, side}, Src: []int64{2, 2 * side}, Dst: []int64{2 * side, 2}},
-	)
-	widen := kernel(
-		tensor.BF16,
-		tensor.F32,
-		nil,
-		tensor.Strided{Lengths: []int64{out / 4}, Src: []int64{2}, Dst: []int64{4}},
-	)
-	post := kernel(
-		tensor.BF16,
-		tensor.BF16,
-		[]tensor.Op{{Kind: tensor.OpMul, Value: 0.5}, {Kind: tensor.OpAdd, Value: 1}},
-		tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{2}, Dst: []int64{2}},
-	)
-	fp8 := kernel(
-		tensor.F8E4M3,
-		tensor.BF16,
-		nil,
-		tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{1}, Dst: []int64{2}},
-	)
-	vs := func(ds []time.Duration, bytes int64, goal string) row {
-		rel := float64(bytes) / ds[len(ds)/2].Seconds() / (float64(out) / base[len(base)/2].Seconds())
-		return row{"", throughput(bytes, ds), fmt.Sprintf("%.2f× copy() %s", rel, goal)}
-	}
-	rowsOf := []row{{"copy() of the same output size (64 MiB)", throughput(out, base), ""}}
+	var rowsOf []row
 	for _, k := range []struct {
 		name  string
-		ds    []time.Duration
+		run   func()
 		bytes int64
 		goal  string
 	}{
-		{"strided rows (every other 8 KiB row)", strided, out, "(goal ≥ 0.5×)"},
-		{"strided elements (every other BF16)", everyOther, out, goalEveryOther},
-		{"BF16 → F32 (converting)", widen, out, "(goal ≥ 0.5×)"},
-		{"F8_E4M3 → BF16 (converting)", fp8, out, goalE4M3},
-		{"post ops: mul 0.5, add 1 in BF16", post, out, goalPost},
-		{"transpose 4096 × 4096 BF16 (32 MiB)", transpose, 2 * side * side, goalTranspose},
+		{"strided rows (every other 8 KiB row)", kernel(tensor.BF16, tensor.BF16, nil,
+			tensor.Strided{Lengths: []int64{rows, 4096}, Src: []int64{2 * rowBytes, 2}, Dst: []int64{rowBytes, 2}}),
+			out, "(goal ≥ 0.5×)"},
+		{"strided elements (every other BF16)", kernel(tensor.BF16, tensor.BF16, nil,
+			tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{4}, Dst: []int64{2}}), out, goalEveryOther},
+		{"BF16 → F32 (converting)", kernel(tensor.BF16, tensor.F32, nil,
+			tensor.Strided{Lengths: []int64{out / 4}, Src: []int64{2}, Dst: []int64{4}}), out, "(goal ≥ 0.5×)"},
+		{"F8_E4M3 → BF16 (converting)", kernel(tensor.F8E4M3, tensor.BF16, nil,
+			tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{1}, Dst: []int64{2}}), out, goalE4M3},
+		{"post ops: mul 0.5, add 1 in BF16", kernel(tensor.BF16, tensor.BF16,
+			[]tensor.Op{{Kind: tensor.OpMul, Value: 0.5}, {Kind: tensor.OpAdd, Value: 1}},
+			tensor.Strided{Lengths: []int64{out / 2}, Src: []int64{2}, Dst: []int64{2}}), out, goalPost},
+		{"transpose 4096 × 4096 BF16 (32 MiB)", kernel(tensor.BF16, tensor.BF16, nil,
+			tensor.Strided{Lengths: []int64{side, side}, Src: []int64{2, 2 * side}, Dst: []int64{2 * side, 2}}),
+			2 * side * side, goalTranspose},
 	} {
-		x := vs(k.ds, k.bytes, k.goal)
-		x.what = k.name
-		rowsOf = append(rowsOf, x)
+		ds := interleaved(copyOf(k.bytes), k.run)
+		rowsOf = append(rowsOf, vsCopy(k.name, k.bytes, ds[0], ds[1], k.goal))
 	}
-	r.add("Gather kernels in isolation (output GB/s, one core, in memory)", rowsOf...)
-	executorKernels(r, base[len(base)/2], out)
+	r.add("Gather kernels in isolation (output GB/s, one core, in memory; each row alternated with copy() of "+
+		"its output size)", rowsOf...)
+	executorKernels(r, copyOf)
+}
+
+// vsCopy is a kernel's row: its throughput, and in the note the copy() timed beside it and the ratio.
+func vsCopy(what string, bytes int64, base, ds []time.Duration, goal string) row {
+	return row{what, throughput(bytes, ds), fmt.Sprintf("%.2f× copy() %s; copy() beside it: %s",
+		ratio(base, ds), goal, throughput(bytes, base))}
 }
 
 // The kernels' goals against copy().
@@ -109,8 +83,8 @@ const (
 
 // executorKernels runs the same conversions end to end through the planner and the executor — a
 // plan over a local file in the page cache, its segments read, converted and written out, in
-// order — against copy() of the same output size (copied bytes in copyTime).
-func executorKernels(r *report, copyTime time.Duration, copied int64) {
+// order — each alternated with copyOf its output size.
+func executorKernels(r *report, copyOf func(bytes int64) func()) {
 	const side, n = 4096, 16 << 20 // a 4096 x 4096 BF16 matrix; 16 Mi elements (32 MiB of BF16)
 	dir, err := os.MkdirTemp(scratch, "kernels-")
 	must(err)
@@ -128,16 +102,16 @@ func executorKernels(r *report, copyTime time.Duration, copied int64) {
 	must(err)
 	mem := budget.New(budget.Config{Bytes: budget.DefaultBytes, AdmitWait: time.Second})
 	ex := executor.New(local, mem, executor.Config{Window: executor.DefaultWindow})
-	through := func(req api.ShardRequest) []time.Duration {
+	through := func(req api.ShardRequest) func() {
 		plan, err := planner.New(&req, ck, planner.DefaultOptions())
 		must(err)
-		return timed(func() {
+		return func() {
 			stream, err := ex.Stream(context.Background(), plan, executor.Output{})
 			must(err)
 			_, err = stream.WriteTo(io.Discard)
 			stream.Close()
 			must(err)
-		})
+		}
 	}
 	one := func(dtype api.DType, shape []int64, b api.Block) api.ShardRequest {
 		b.Offsets, b.Lengths = make([]int64, len(shape)), shape
@@ -146,8 +120,7 @@ func executorKernels(r *report, copyTime time.Duration, copied int64) {
 			Blocks: &[]api.Block{b}}}}
 	}
 	half, unit := 0.5, 1.0
-	rowsOf := []row{{"copy() of the same output size (64 MiB), as above",
-		fmt.Sprintf("%.2f GB/s", float64(copied)/copyTime.Seconds()/1e9), ""}}
+	var rowsOf []row
 	for _, k := range []struct {
 		name string
 		req  api.ShardRequest
@@ -163,18 +136,18 @@ func executorKernels(r *report, copyTime time.Duration, copied int64) {
 		{"F8_E4M3 → BF16", one("BF16", []int64{n}, api.Block{Source: "f", Base: []int64{0}, Coeff: []api.Index{{1}}}),
 			goalE4M3},
 	} {
-		ds := through(k.req)
-		rel := float64(2*n) / ds[len(ds)/2].Seconds() / (float64(copied) / copyTime.Seconds())
+		ds := interleaved(copyOf(2*n), through(k.req))
+		base, kernel := ds[0], ds[1]
 		if k.goal == goalEveryOther {
-			r.goal(goal{"every other BF16 element, end to end (executor)", throughput(2*n, ds),
-				fmt.Sprintf("copy(): %.2f GB/s", float64(copied)/copyTime.Seconds()/1e9), fmt.Sprintf("%.2f×", rel),
+			r.goal(goal{"every other BF16 element, end to end (executor)", throughput(2*n, kernel),
+				"copy() alternated with it: " + throughput(2*n, base), fmt.Sprintf("%.2f×", ratio(base, kernel)),
 				"≥ 0.5×"})
 		}
-		rowsOf = append(rowsOf, row{k.name + " (32 MiB out)", throughput(2*n, ds),
-			fmt.Sprintf("%.2f× copy() %s", rel, k.goal)})
+		rowsOf = append(rowsOf, vsCopy(k.name+" (32 MiB out)", 2*n, base, kernel, k.goal))
 	}
 	r.add("The same kernels end to end through the executor (a plan over a local file in the page cache, "+
-		"read, converted and written in order; default segments)", rowsOf...)
+		"read, converted and written in order; default segments; each row alternated with copy() of its output "+
+		"size)", rowsOf...)
 }
 
 // controlPlaneScenario decodes and plans a DeepSeek-V3-sized table: 61 layers x 3 stacked expert
