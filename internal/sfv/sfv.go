@@ -16,8 +16,9 @@ type Item struct {
 }
 
 // ParseDictionary parses an RFC 8941 dictionary, keeping each member's integer or byte-sequence
-// value; parameters are checked and dropped. ok is false when s is not a dictionary, which RFC
-// 8941 says to ignore whole.
+// value; parameters are checked and dropped, and a later member of a key overrides an earlier one.
+// ok is false when s is not a dictionary, which RFC 8941 says to ignore whole, or has an inner
+// list as a value, which neither field has any use for. Byte sequences may lack their padding.
 func ParseDictionary(s string) (map[string]Item, bool) {
 	p := sfParser{s: s}
 	dict := map[string]Item{}
@@ -142,7 +143,11 @@ func (p *sfParser) bareItem() (Item, bool) {
 	case c == ':':
 		p.i++
 		b64 := p.span(func(c byte) bool { return isAlpha(c) || isDigit(c) || strings.IndexByte("+/=", c) >= 0 })
-		b, err := base64.StdEncoding.DecodeString(b64)
+		encoding := base64.StdEncoding
+		if len(b64)%4 != 0 { // RFC 8941 asks parsers to accept a byte sequence without its padding
+			encoding = base64.RawStdEncoding
+		}
+		b, err := encoding.DecodeString(b64)
 		if err != nil || !p.eat(':') {
 			return none, false
 		}

@@ -26,7 +26,10 @@ func TestParseDictionary(t *testing.T) {
 		"a=\"unterminated":              nil,
 		"a=1 b=2":                       nil,
 		"d=:not*base64:":                nil,
-		"d=:AQ=:":                       nil, // not base64: a padding byte short
+		"d=:AQ:, e=:AAE:":               {"d": {Int: -1, Bytes: []byte{1}}, "e": {Int: -1, Bytes: []byte{0, 1}}}, // unpadded
+		"d=:AQ=:":                       nil,                                                                     // a padding byte short
+		"d=:A:":                         nil,                                                                     // a byte and a quarter
+		"a=1, b=(1 2)":                  nil,                                                                     // inner lists are not kept, so not accepted
 	} {
 		got, ok := sfv.ParseDictionary(in)
 		if ok != (want != nil) || ok && !maps.EqualFunc(got, want, equalItems) {

@@ -23,7 +23,6 @@ hashes the body as it reads it and checks it, retrying a mismatch like a broken 
 """
 
 import base64
-import binascii
 import ctypes
 import email.utils
 import hashlib
@@ -32,6 +31,7 @@ import json
 import logging
 import os
 import random
+import re
 import ssl
 import struct
 import time
@@ -188,35 +188,55 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 _warned_no_trailers = False
 
 
-def _sha256_of(field):
-    """The sha-256 member of a Repr-Digest field value (an RFC 8941 dictionary, perhaps naming
-    other algorithms too), as bytes; None when it has none; b"" when it is not a byte sequence."""
-    for member in field.split(","):
-        key, _, value = member.split(";", 1)[0].strip().partition("=")
-        if key.strip() != "sha-256":
-            continue
-        value = value.strip()
-        if len(value) < 2 or value[0] != ":" or value[-1] != ":":
-            return b""
-        try:
-            return base64.b64decode(value[1:-1], validate=True)
-        except (binascii.Error, ValueError):
-            return b""
-    return None
+# RFC 8941's dictionary as internal/sfv parses it (the Go client's parser): keys, bare items
+# (integers, decimals, strings, byte sequences, booleans, tokens) and parameters; no inner lists.
+_SF_KEY = r"[a-z*][a-z0-9_\-.*]*"
+_SF_BARE_ITEM = r"""(?:
+    -?[0-9]{1,15}(?![0-9.])                     # an integer
+  | -?[0-9]{1,12}\.[0-9]{1,3}(?![0-9])          # a decimal
+  | "(?:[ !\#-\[\]-~]|\\["\\])*"                # a string
+  | :(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}(?:==)?|[A-Za-z0-9+/]{3}=?)?:  # a byte sequence,
+                                                # its base64 padded or not (RFC 8941 asks for both)
+  | \?[01]                                      # a boolean
+  | [A-Za-z*][A-Za-z0-9!\#$%&'*+\-.^_`|~:/]*    # a token
+)"""
+_SF_MEMBER = re.compile(rf"({_SF_KEY})(?:=({_SF_BARE_ITEM}))?(?:;\ *{_SF_KEY}(?:={_SF_BARE_ITEM})?)*", re.X)
+_SF_SEPARATOR = re.compile(r"[ \t]*(?:\Z|,[ \t]*(?=[a-z*]))")  # another member must follow a comma
+
+
+def _parse_dictionary(field):
+    """An RFC 8941 dictionary's members: each key's byte sequence as bytes, None for a value of
+    another type; a later member of a key overrides an earlier one, parameters are dropped. None
+    when field is not a dictionary, which RFC 8941 says to ignore whole."""
+    members, i = {}, len(field) - len(field.lstrip(" "))
+    while i < len(field):
+        member = _SF_MEMBER.match(field, i)
+        separator = member and _SF_SEPARATOR.match(field, member.end())
+        if not separator:
+            return None
+        key, value = member.groups()
+        members[key] = None
+        if value and value[0] == ":":
+            b64 = value[1:-1]
+            members[key] = base64.b64decode(b64 + "=" * (-len(b64) % 4))
+        i = separator.end()
+    return members
 
 
 def _check_digest(header, trailer, got):
     """Checks a body whose SHA-256 is got against the Repr-Digest field lines the server sent with
     it: in the header section when it knew the digest before the body, in the trailer otherwise.
     Returns the digest matched ("sha-256=:BASE64:"), or None when neither names sha-256. Raises
-    DigestError for a digest other than got, or a header and a trailer that name different ones
-    (api/testdata/repr_digest.json has the cases the Go client checks too)."""
+    DigestError for a digest other than got, a header and a trailer that name different ones, or a
+    field that does not parse, which cannot be checked against (api/testdata/repr_digest.json has
+    the cases the Go client checks too)."""
     sent = [", ".join(lines) for lines in (header, trailer) if lines]
-    named = [d for d in map(_sha256_of, sent) if d is not None]
-    if not named:
+    dicts = [_parse_dictionary(field) for field in sent]
+    named = [d["sha-256"] for d in dicts if d is not None and "sha-256" in d]
+    if not named and None not in dicts:
         return None
     value = "sha-256=:" + base64.b64encode(got).decode() + ":"
-    if any(d != got for d in named):
+    if None in dicts or any(d != got for d in named):
         raise DigestError(value, "; ".join(sent))
     return value
 
