@@ -25,7 +25,7 @@ type sharedCache struct {
 func openCluster(ctx context.Context, c *config, st store.Store, tel *telemetry.Providers,
 	clientTokens *auth.Tokens, certs *certReloader, log *slog.Logger) (*sharedCache, error) {
 	opts := cluster.Options{Self: c.cluster.Advertise, ChunkBytes: c.cache.Chunk(), Timeout: c.cluster.Timeout,
-		Tracer: tel.Tracer, Meter: tel.Meter, Logger: log}
+		ConnectTimeout: c.cluster.Connect, Tracer: tel.Tracer, Meter: tel.Meter, Logger: log}
 	if c.tls.peerCAFile != "" || c.tls.peerServerName != "" || certs != nil {
 		var err error
 		if opts.TLS, err = peerTLS(c.tls.peerCAFile, c.tls.peerServerName, certs); err != nil {

@@ -123,6 +123,9 @@ type Options struct {
 	// Timeout bounds one fetch from a peer, from dialling to the last byte; past it the chunk is
 	// read from storage here (zero: DefaultTimeout).
 	Timeout time.Duration
+	// ConnectTimeout bounds connecting to a peer, within Timeout; a peer not connected by then is
+	// found down (zero: DefaultConnectTimeout).
+	ConnectTimeout time.Duration
 	// TLS is how https:// peers are reached (nil: the system's roots, no client certificate).
 	TLS *tls.Config
 	// Tracer and Meter default to no-ops, Logger to discarding what it is given.
@@ -134,9 +137,9 @@ type Options struct {
 // Validate reports options no Store can run with: no chunk, negative sizes and time-outs, a Self
 // that is no base URL.
 func (o *Options) Validate() error {
-	if o.ChunkBytes <= 0 || o.StripeBytes < 0 || o.Timeout < 0 {
-		return fmt.Errorf("cluster: chunk size %d must be positive, stripe %d and peer time-out %s not negative",
-			o.ChunkBytes, o.StripeBytes, o.Timeout)
+	if o.ChunkBytes <= 0 || o.StripeBytes < 0 || o.Timeout < 0 || o.ConnectTimeout < 0 {
+		return fmt.Errorf("cluster: chunk size %d must be positive, stripe %d and peer time-outs %s and %s "+
+			"not negative", o.ChunkBytes, o.StripeBytes, o.Timeout, o.ConnectTimeout)
 	}
 	if o.Self != "" {
 		if _, err := Normalize(o.Self); err != nil {
@@ -198,6 +201,9 @@ func New(inner store.Store, opts Options) (*Store, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	if opts.ConnectTimeout == 0 {
+		opts.ConnectTimeout = DefaultConnectTimeout
+	}
 	if opts.Self != "" {
 		opts.Self, _ = Normalize(opts.Self)
 	}
@@ -217,7 +223,7 @@ func New(inner store.Store, opts Options) (*Store, error) {
 		Forwarder: store.Forwarder{Next: inner},
 		opts:      opts,
 		stripe:    (cmp.Or(opts.StripeBytes, DefaultStripeBytes) + opts.ChunkBytes - 1) / opts.ChunkBytes * opts.ChunkBytes,
-		client:    newClient(opts.TLS),
+		client:    newClient(opts.ConnectTimeout, opts.TLS),
 		tracer:    opts.Tracer.Tracer("shardsrv/cluster"),
 		down:      map[string]time.Time{},
 		waiting:   map[string][]*fetchWait{},
@@ -240,14 +246,13 @@ func New(inner store.Store, opts Options) (*Store, error) {
 }
 
 // newClient is the peers' HTTP client: no proxy (peers are pod addresses, never behind the one
-// the object store may need), and enough idle connections for the fills one replica has in flight
-// to one owner. Connecting is bounded by the fetch's time-out alone: a loaded replica can take
-// seconds to complete a connection to a live peer, and a peer marked down for that has its
-// stripes read from storage twice (a killed one refuses connections at once).
-func newClient(tlsConfig *tls.Config) *http.Client {
+// the object store may need), connecting bounded by connect, and enough idle connections for the
+// fills one replica has in flight to one owner. A killed replica refuses connections at once; a
+// lost host drops them, and connect is how long a fetch waits for it before it is found down.
+func newClient(connect time.Duration, tlsConfig *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		TLSClientConfig:     tlsConfig,
-		DialContext:         (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}}

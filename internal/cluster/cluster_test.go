@@ -36,11 +36,12 @@ type replica struct {
 }
 
 func newReplica(t *testing.T, storage store.Store, timeout time.Duration) *replica {
-	return newReplicaOn(t, nil, storage, timeout)
+	return newReplicaOn(t, nil, storage, timeout, 0)
 }
 
-// newReplicaOn is newReplica serving on ln (nil: a listener of its own).
-func newReplicaOn(t *testing.T, ln net.Listener, storage store.Store, timeout time.Duration) *replica {
+// newReplicaOn is newReplica serving on ln (nil: a listener of its own), connecting to its peers
+// within connect (0: the default).
+func newReplicaOn(t *testing.T, ln net.Listener, storage store.Store, timeout, connect time.Duration) *replica {
 	t.Helper()
 	r := &replica{}
 	r.srv = httptest.NewUnstartedServer(http.HandlerFunc(r.serve))
@@ -52,7 +53,7 @@ func newReplicaOn(t *testing.T, ln net.Listener, storage store.Store, timeout ti
 	t.Cleanup(r.srv.Close)
 	var err error
 	r.cl, err = cluster.New(storage, cluster.Options{Self: r.srv.URL, ChunkBytes: chunk, StripeBytes: chunk,
-		Timeout: timeout, Token: func() string { return token }})
+		Timeout: timeout, ConnectTimeout: connect, Token: func() string { return token }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +257,7 @@ func TestAPeerSlowToConnectIsNotFoundDown(t *testing.T) {
 	put("m/f", data)
 	counting := storetest.NewCounting(local)
 	ln, accept := queueOfOne(t)
-	rs := []*replica{newReplica(t, counting, time.Hour), newReplicaOn(t, ln, counting, time.Hour)}
+	rs := []*replica{newReplica(t, counting, time.Hour), newReplicaOn(t, ln, counting, time.Hour, 0)}
 	for _, r := range rs {
 		r.cl.SetPeers([]string{rs[0].srv.URL, rs[1].srv.URL})
 	}
@@ -294,6 +295,45 @@ func TestAPeerSlowToConnectIsNotFoundDown(t *testing.T) {
 	}
 	if st := rs[0].cl.Stats(); st.PeerErrors != 0 || st.PeerLoads != 1 || st.Peers != 2 || counting.Bytes() != chunk {
 		t.Errorf("%+v, storage read %d bytes: the slow peer gives its chunk, read once", st, counting.Bytes())
+	}
+}
+
+// A peer that takes no connection — its host lost, the packets dropped — is found down once
+// connecting has taken the connect time-out, far inside the fetch's: the chunk it owns is read
+// from storage here, and the peer leaves the ring.
+func TestAPeerThatNeverConnectsIsFoundDown(t *testing.T) {
+	data := pattern(8 * chunk)
+	local, put := storetest.Local(t)
+	put("m/f", data)
+	counting := storetest.NewCounting(local)
+	ln, accept := queueOfOne(t)
+	asker := newReplicaOn(t, nil, counting, time.Hour, 200*time.Millisecond)
+	lost := newReplicaOn(t, ln, counting, time.Hour, 0)
+	t.Cleanup(func() { close(accept) }) // before the servers close: closing one waits for its Accept
+	asker.cl.SetPeers([]string{asker.srv.URL, lost.srv.URL})
+	v := version(t, asker.top)
+	var c cluster.Chunk // one of the lost replica's
+	for off := int64(0); off < int64(len(data)) && c.Length == 0; off += chunk {
+		if owner, _ := asker.cl.Owner(cluster.Chunk{Key: "m/f", Version: v, Offset: off}); owner == lost.srv.URL {
+			c = cluster.Chunk{Key: "m/f", Version: v, Offset: off, Length: chunk}
+		}
+	}
+	if c.Length == 0 {
+		t.Fatal("the lost replica owns no chunk")
+	}
+	filler, err := net.Dial("tcp", ln.Addr().String()) // the accept queue's one place: later connects wait
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), readWithin)
+	defer cancel()
+	p := make([]byte, chunk)
+	if err := asker.top.ReadAt(ctx, c.Key, v, p, c.Offset); err != nil || !bytes.Equal(p, data[c.Offset:c.Offset+chunk]) {
+		t.Fatalf("read: %v", err)
+	}
+	if st := asker.cl.Stats(); st.PeerErrors != 1 || st.PeerLoads != 0 || st.Peers != 1 || counting.Bytes() != chunk {
+		t.Errorf("%+v, storage read %d bytes: the lost peer is found down and its chunk read here", st, counting.Bytes())
 	}
 }
 

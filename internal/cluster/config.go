@@ -22,6 +22,7 @@ type Config struct {
 	Advertise  string        // this replica's base URL as its peers reach it
 	TokenFile  string        // the shared secret peers present to each other
 	Timeout    time.Duration // one chunk fetch from a peer (zero: DefaultTimeout)
+	Connect    time.Duration // connecting to a peer (zero: DefaultConnectTimeout)
 
 	// lookup resolves PeersDNS; net.DefaultResolver.LookupHost unless a test replaces it.
 	lookup func(ctx context.Context, host string) ([]string, error)
@@ -30,10 +31,13 @@ type Config struct {
 // The defaults of the durations. A fetch includes the owner's own storage read, queued behind a
 // fan-in's: on a loaded machine 5 s marked busy replicas down (3 replicas of a 64-pod fan-in on 2
 // cores then read 2.3× the file). A killed replica is found sooner: its connections break, and new
-// ones are refused.
+// ones are refused. A lost host refuses nothing, it drops the packets: it is found down once
+// connecting has taken DefaultConnectTimeout, which leaves a live replica too busy to accept at
+// once (over 1 s on a loaded 2-core machine, which 1 s found down) room for a few SYN retries.
 const (
-	DefaultDNSRefresh = 10 * time.Second
-	DefaultTimeout    = 30 * time.Second
+	DefaultDNSRefresh     = 10 * time.Second
+	DefaultTimeout        = 30 * time.Second
+	DefaultConnectTimeout = 5 * time.Second
 )
 
 func (c *Config) refresh() time.Duration {
@@ -66,6 +70,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"do not open the peer route)")
 	fs.DurationVar(&c.Timeout, "peer-timeout", DefaultTimeout, "longest a chunk fetch from a peer may take, "+
 		"its storage read included; past it, or when the peer is found down, the replica reads storage itself")
+	fs.DurationVar(&c.Connect, "peer-connect-timeout", DefaultConnectTimeout, "longest connecting to a peer may "+
+		"take within --peer-timeout; past it the peer is found down (a lost host drops connections, it does not "+
+		"refuse them) and the replica reads storage itself")
 }
 
 // Enabled reports whether the replica has peers to share its cache with.
@@ -86,8 +93,8 @@ func (c *Config) Validate() error {
 	if c.TokenFile == "" {
 		errs = append(errs, errors.New("--peers and --peers-dns need --peer-token-file: the peer route is never open"))
 	}
-	if c.Timeout < 0 || c.DNSRefresh < 0 {
-		errs = append(errs, errors.New("--peer-timeout and --peers-dns-refresh must not be negative"))
+	if c.Timeout < 0 || c.Connect < 0 || c.DNSRefresh < 0 {
+		errs = append(errs, errors.New("--peer-timeout, --peer-connect-timeout and --peers-dns-refresh must not be negative"))
 	}
 	self, err := Normalize(c.Advertise)
 	if err != nil {

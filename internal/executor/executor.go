@@ -875,8 +875,8 @@ func (e *Executor) readBanded(ctx context.Context, reads []planner.Read, bands [
 		if err = errors.Join(err, sec.Close()); err != nil {
 			return err
 		}
-		if in.at.read != k {
-			return fmt.Errorf("%w: %q ended early", store.ErrChanged, reads[at].Key)
+		if in.at != (filled{read: k}) { // short, or on past its ranges into the next file's
+			return fmt.Errorf("%w: %q's section ended short of its ranges or past them", store.ErrChanged, reads[at].Key)
 		}
 		at = k
 	}

@@ -114,7 +114,8 @@ func (c *s3Cluster) add() *replica {
 	}
 	r.srv = httptest.NewUnstartedServer(nil)
 	r.ring, err = cluster.New(mortal{r.storage, r}, cluster.Options{Self: "http://" + r.srv.Listener.Addr().String(),
-		ChunkBytes: c.chunk, StripeBytes: 2 * c.chunk, Token: peerTokens.First, Timeout: peerTimeout})
+		ChunkBytes: c.chunk, StripeBytes: 2 * c.chunk, Token: peerTokens.First, Timeout: peerTimeout,
+		ConnectTimeout: peerTimeout}) // a loaded test machine can take seconds to connect
 	if err != nil {
 		t.Fatal(err)
 	}
